@@ -1,0 +1,486 @@
+"""The contract: what a user writes (`AgentEnv`, tools) and what a rollout produces (`Turn`, `Episode`).
+
+An `AgentEnv` is a gymnasium `Env` whose observations and actions are text. The policy acts by
+writing tool calls in the Hermes/Qwen convention::
+
+    <tool_call>{"name": "open", "arguments": {"lock": 1, "code": 7}}</tool_call>
+
+`AgentEnv.step` parses the call, validates its arguments against the tool's schema, runs the tool
+and returns the tool's result as the next observation. A call the policy got wrong (bad JSON,
+unknown tool, bad arguments, no call at all) is not an error of the program: it becomes an
+observation that explains the mistake, and it is counted in ``info["malformed_calls"]``. A tool or
+verifier that *raises* is an error of the program: the episode is marked errored by raising
+`EnvError`, whose message names the environment, the episode and the turn.
+
+``terminated`` means the task reached an end the verifier can judge (solved, submitted, failed for
+good); ``truncated`` means the turn budget ran out first. The verifier's reward ``R`` is returned by
+the step that ends the episode, either way; every other step returns 0. Per-turn shaping, when an
+environment has it, travels separately in ``info["step_reward"]`` so that assigners can choose to
+use it or not.
+
+>>> class Echo(AgentEnv):
+...     max_turns = 2
+...     def shout(self, text: str) -> str:
+...         '''Repeat the text loudly.'''
+...         self.heard = text
+...         self.finish()
+...         return text.upper()
+...     tools = [shout]
+...     def reset(self, *, seed=None, options=None):
+...         super().reset(seed=seed)
+...         self.heard = None
+...         return "Say hi.", {}
+...     def verify(self) -> float:
+...         return float(self.heard == "hi")
+>>> env = Echo()
+>>> env.reset(seed=0)
+('Say hi.', {})
+>>> obs, reward, terminated, truncated, info = env.step(
+...     '<tool_call>{"name": "shout", "arguments": {"text": "hi"}}</tool_call>')
+>>> obs, reward, terminated, truncated, info["malformed_calls"]
+('HI', 1.0, True, False, 0)
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import gymnasium as gym
+from gymnasium import spaces
+from pydantic import BaseModel, ValidationError, create_model
+
+__all__ = [
+    "AgentEnv",
+    "EnvError",
+    "Episode",
+    "Tool",
+    "ToolCall",
+    "Turn",
+    "make",
+    "parse_tool_calls",
+]
+
+TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+class EnvError(RuntimeError):
+    """A tool or verifier raised: a bug in the environment, never a reward of 0."""
+
+
+class AnyText(spaces.Text):
+    """A text space that admits any unicode string up to `max_length` characters."""
+
+    def __init__(self, max_length: int = 1_000_000):
+        super().__init__(max_length=max_length, min_length=0)
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and len(x) <= self.max_length
+
+    def __repr__(self) -> str:
+        return f"AnyText(max_length={self.max_length})"
+
+
+# --------------------------------------------------------------------------------------------
+# Tools
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A callable the policy may invoke, with the pydantic model that validates its arguments.
+
+    Build one from a typed function (its docstring becomes the description) or from a pydantic
+    model that defines ``__call__(self, env) -> str``:
+
+    >>> def add(a: int, b: int) -> str:
+    ...     '''Add two integers.'''
+    ...     return str(a + b)
+    >>> t = Tool.from_callable(add)
+    >>> t.schema["function"]["parameters"]["required"]
+    ['a', 'b']
+    >>> t.run({"a": 2, "b": "3"}, env=None)
+    '5'
+    """
+
+    name: str
+    description: str
+    params: type[BaseModel]
+    fn: Callable[..., Any]
+    takes_env: bool = False  # pydantic-model tools receive the env; functions are bound already
+
+    @classmethod
+    def from_callable(cls, fn: Callable[..., Any], name: str | None = None) -> Tool:
+        sig = inspect.signature(fn)
+        fields: dict[str, Any] = {}
+        for pname, p in sig.parameters.items():
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                raise TypeError(f"tool {fn.__name__!r}: *args/**kwargs cannot be described to a policy")
+            if p.annotation is inspect.Parameter.empty:
+                raise TypeError(f"tool {fn.__name__!r}: parameter {pname!r} needs a type annotation")
+            default = ... if p.default is inspect.Parameter.empty else p.default
+            fields[pname] = (p.annotation, default)
+        tool_name = name or fn.__name__
+        params = create_model(f"{tool_name}_args", __config__={"extra": "forbid"}, **fields)
+        return cls(tool_name, inspect.getdoc(fn) or "", params, fn)
+
+    @classmethod
+    def from_model(cls, model: type[BaseModel]) -> Tool:
+        if not callable(getattr(model, "__call__", None)) or "__call__" not in vars(model):
+            raise TypeError(f"tool model {model.__name__} must define __call__(self, env) -> str")
+        name = re.sub(r"(?<!^)(?=[A-Z])", "_", model.__name__).lower()
+        return cls(name, inspect.getdoc(model) or "", model, model.__call__, takes_env=True)
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI/HF function schema that chat templates render for the policy."""
+        params = self.params.model_json_schema()
+        params.pop("title", None)
+        for prop in params.get("properties", {}).values():
+            prop.pop("title", None)
+        return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": params}}
+
+    def run(self, arguments: dict[str, Any], env: Any) -> str:
+        """Validate `arguments` (raises `ValidationError`) and call the tool."""
+        args = self.params.model_validate(arguments)
+        if self.takes_env:
+            return str(args(env))
+        return str(self.fn(**{k: getattr(args, k) for k in type(args).model_fields}))
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One parsed `<tool_call>`; `error` is set when the policy wrote it wrong."""
+
+    name: str | None
+    arguments: dict[str, Any]
+    error: str | None = None
+
+
+def parse_tool_calls(text: str) -> list[ToolCall]:
+    """Every `<tool_call>...</tool_call>` in `text`, in order; malformed ones carry `error`.
+
+    >>> parse_tool_calls('<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>')
+    [ToolCall(name='f', arguments={'x': 1}, error=None)]
+    >>> print(parse_tool_calls('<tool_call>{"name": "f"</tool_call>')[0].error)
+    the tool call is not valid JSON (Expecting ',' delimiter at char 12)
+    """
+    calls = []
+    for raw in TOOL_CALL_RE.findall(text):
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as e:
+            calls.append(ToolCall(None, {}, f"the tool call is not valid JSON ({e.msg} at char {e.pos})"))
+            continue
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            calls.append(ToolCall(None, {}, 'a tool call must be an object with a string "name"'))
+            continue
+        args = obj.get("arguments", {})
+        if isinstance(args, str):  # some models emit arguments as a JSON string
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError:
+                pass
+        if not isinstance(args, dict):
+            calls.append(ToolCall(obj["name"], {}, '"arguments" must be a JSON object'))
+            continue
+        calls.append(ToolCall(obj["name"], args))
+    if not calls and "<tool_call>" in text:
+        calls.append(ToolCall(None, {}, "a <tool_call> was opened but never closed with </tool_call>"))
+    return calls
+
+
+def _validation_message(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "arguments"
+        parts.append(f"{loc}: {e['msg']}")
+    return "; ".join(parts)
+
+
+# --------------------------------------------------------------------------------------------
+# The environment
+
+
+class AgentEnv(gym.Env[str, str]):
+    """Base class for text environments with tools. Subclass it and provide:
+
+    - ``tools``: typed functions or methods (the docstring is the description) or pydantic models
+      with ``__call__(self, env) -> str``; methods listed in the class body are bound to the env.
+    - ``reset(*, seed, options) -> (observation, info)``: call ``super().reset(seed=seed)`` first.
+    - ``verify() -> float``: the verifier, the terminal reward; called once when the episode ends.
+    - optionally ``is_terminal()`` (default: a tool called ``self.finish()``), ``state_key()``, and
+      ``self.add_step_reward(x)`` from inside tools for per-turn progress.
+
+    ``max_turns`` is the turn budget: running out of it gives ``truncated=True``, never
+    ``terminated``. See the module docstring for a complete example.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    tools: ClassVar[Sequence[Any]] = ()
+    system_prompt: ClassVar[str | None] = None
+    max_turns: int = 16
+
+    observation_space = AnyText()
+    action_space = AnyText()
+
+    def __init__(self, max_turns: int | None = None):
+        if max_turns is not None:
+            if max_turns < 1:
+                raise ValueError(f"{type(self).__name__}: max_turns must be >= 1, got {max_turns}")
+            self.max_turns = max_turns
+        self._tools = {t.name: t for t in (self._bind_tool(x) for x in type(self).tools)}
+        self._episode = -1
+        self._turn = 0
+        self._finished = False
+        self._ended = False
+        self._malformed = 0
+        self._step_reward = 0.0
+
+    # -- hooks a subclass may override ------------------------------------------------------
+
+    def verify(self) -> float:
+        """The terminal reward. Override; raising marks the episode as errored."""
+        raise NotImplementedError(f"{type(self).__name__} must implement verify()")
+
+    def is_terminal(self) -> bool:
+        """Has the task ended on its own terms? Default: a tool called `finish()`."""
+        return self._finished
+
+    def state_key(self) -> Hashable | None:
+        """A hashable summary of the state (for step-level grouping); None if not defined."""
+        return None
+
+    def expert_action(self, noise: float = 0.0) -> str:
+        """A scripted expert's next action (for demonstrations and tests).
+
+        With probability-like `noise` in [0, 1] the expert makes mistakes of the kind a policy
+        makes, drawn from `self.np_random` so that a seeded episode is reproducible.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no scripted expert")
+
+    # -- helpers for tools ---------------------------------------------------------------------
+
+    def finish(self) -> None:
+        """Call from a tool to end the episode (e.g. after `submit`)."""
+        self._finished = True
+
+    def add_step_reward(self, value: float) -> None:
+        """Call from a tool to record per-turn progress (reported as info['step_reward'])."""
+        self._step_reward += float(value)
+
+    # -- the gymnasium API ---------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.spec.id if self.spec is not None else type(self).__name__
+
+    @property
+    def turn(self) -> int:
+        return self._turn
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The JSON schemas of the tools, as chat templates render them."""
+        return [t.schema for t in self._tools.values()]
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        self._episode += 1
+        self._turn = 0
+        self._finished = False
+        self._ended = False
+        self._malformed = 0
+        self._step_reward = 0.0
+        return "", {}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._ended:
+            raise EnvError(f"{self._where()}: step() called after the episode ended; call reset()")
+        self._turn += 1
+        self._step_reward = 0.0
+        observation, n_bad = self._run_tools(action)
+        self._malformed += n_bad
+        terminated = self._guard("is_terminal", self.is_terminal)
+        truncated = not terminated and self._turn >= self.max_turns
+        reward = 0.0
+        if terminated or truncated:
+            self._ended = True
+            reward = float(self._guard("verify", self.verify))
+        info = {
+            "turn": self._turn,
+            "malformed_calls": self._malformed,
+            "malformed": n_bad,
+            "step_reward": self._step_reward,
+            "state_key": self._guard("state_key", self.state_key),
+        }
+        return observation, reward, terminated, truncated, info
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _bind_tool(self, obj: Any) -> Tool:
+        if isinstance(obj, Tool):
+            return obj
+        if isinstance(obj, type) and issubclass(obj, BaseModel):
+            return Tool.from_model(obj)
+        if isinstance(obj, (staticmethod, classmethod)):
+            obj = obj.__get__(self, type(self))
+        elif inspect.isfunction(obj) and next(iter(inspect.signature(obj).parameters), None) == "self":
+            obj = obj.__get__(self, type(self))  # a method listed in the class body
+        if callable(obj):
+            return Tool.from_callable(obj)
+        raise TypeError(f"{type(self).__name__}.tools: {obj!r} is neither a typed function nor a pydantic model")
+
+    def _where(self) -> str:
+        return f"env {self.name}, episode {self._episode}, turn {self._turn}"
+
+    def _guard(self, what: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except EnvError:
+            raise
+        except Exception as e:
+            raise EnvError(f"{self._where()}: {what}() raised {type(e).__name__}: {e}") from e
+
+    def _run_tools(self, action: str) -> tuple[str, int]:
+        calls = parse_tool_calls(action)
+        if not calls:
+            names = ", ".join(self._tools)
+            return f'error: no tool call found. Call a tool as <tool_call>{{"name": ..., "arguments": {{...}}}}</tool_call>; tools: {names}.', 1
+        outputs, bad = [], 0
+        for call in calls:
+            if call.error is not None:
+                outputs.append(f"error: {call.error}")
+                bad += 1
+                continue
+            tool = self._tools.get(call.name or "")
+            if tool is None:
+                outputs.append(f"error: unknown tool {call.name!r}; tools: {', '.join(self._tools)}")
+                bad += 1
+                continue
+            try:
+                outputs.append(tool.run(call.arguments, self))
+            except ValidationError as e:
+                outputs.append(f"error: bad arguments for {tool.name}: {_validation_message(e)}")
+                bad += 1
+            except EnvError:
+                raise
+            except Exception as e:
+                raise EnvError(f"{self._where()}: tool {tool.name!r} raised {type(e).__name__}: {e}") from e
+            if self._finished:
+                break  # calls after a terminal one are not run
+        return "\n".join(outputs), bad
+
+
+def make(env_id: str, **kwargs: Any) -> AgentEnv:
+    """Build a registered environment (`agentrl/Vault-v0`) or `module:Class`, without wrappers.
+
+    gymnasium's `make` stacks checker wrappers on the env; agentrl's rollout talks to the
+    `AgentEnv` itself, so this builds it directly from the registry entry.
+    """
+    import importlib
+
+    if ":" in env_id and "/" not in env_id.split(":")[0]:
+        module, _, attr = env_id.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"cannot load environment {env_id!r}: {e}") from e
+        env = cls(**kwargs)
+    else:
+        import agentrl.envs  # noqa: F401  (registers the built-in environments)
+
+        try:
+            spec = gym.spec(env_id)
+        except gym.error.Error as e:
+            known = sorted(k for k in gym.registry if k.startswith("agentrl/"))
+            raise ValueError(f"unknown environment {env_id!r}; built-in: {', '.join(known)}") from e
+        entry = spec.entry_point
+        if isinstance(entry, str):
+            module, _, attr = entry.partition(":")
+            entry = getattr(importlib.import_module(module), attr)
+        env = entry(**{**spec.kwargs, **kwargs})
+        env.spec = spec
+    if not isinstance(env, AgentEnv):
+        raise TypeError(f"{env_id!r} built a {type(env).__name__}, which is not an agentrl.AgentEnv")
+    return env
+
+
+# --------------------------------------------------------------------------------------------
+# What a rollout produces
+
+
+@dataclass
+class Turn:
+    """One policy turn: the action it generated and what the environment answered.
+
+    ``context_len`` is the number of tokens before the action (the prompt and all earlier turns);
+    action tokens are trained, observation tokens never are.
+    """
+
+    context_len: int
+    action_ids: list[int]
+    logprobs: list[float]
+    obs_ids: list[int]
+    action: str = ""
+    observation: str = ""
+    step_reward: float = 0.0
+    state_key: str | None = None
+    malformed: int = 0
+
+
+@dataclass
+class Episode:
+    """One episode, turn-segmented. Its token sequence is
+    ``prompt_ids + a_1 + o_1 + a_2 + o_2 + ... + a_K`` (the last observation is kept in `turns`
+    for inspection but is never part of the sequence, since no action follows it).
+
+    >>> ep = Episode(prompt_ids=[1, 2], turns=[Turn(2, [3], [-0.1], [4, 5]), Turn(5, [6, 7], [-0.2, -0.3], [8])])
+    >>> ep.token_ids(), ep.action_mask()
+    ([1, 2, 3, 4, 5, 6, 7], [0, 0, 1, 0, 0, 1, 1])
+    """
+
+    prompt_ids: list[int]
+    turns: list[Turn] = field(default_factory=list)
+    reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    env_id: str = ""
+    task_id: str = ""
+    group_id: int = 0
+    seed: int | None = None
+    error: str | None = None
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turns)
+
+    @property
+    def num_action_tokens(self) -> int:
+        return sum(len(t.action_ids) for t in self.turns)
+
+    @property
+    def malformed_calls(self) -> int:
+        return sum(t.malformed for t in self.turns)
+
+    @property
+    def passed(self) -> bool:
+        return self.reward >= 1.0
+
+    def token_ids(self) -> list[int]:
+        ids = list(self.prompt_ids)
+        for i, t in enumerate(self.turns):
+            ids += t.action_ids
+            if i < len(self.turns) - 1:
+                ids += t.obs_ids
+        return ids
+
+    def action_mask(self) -> list[int]:
+        mask = [0] * len(self.prompt_ids)
+        for i, t in enumerate(self.turns):
+            mask += [1] * len(t.action_ids)
+            if i < len(self.turns) - 1:
+                mask += [0] * len(t.obs_ids)
+        return mask
