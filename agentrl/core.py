@@ -318,6 +318,11 @@ class AgentEnv(gym.Env[str, str]):
         }
         return observation, reward, terminated, truncated, info
 
+    def truncate(self) -> float:
+        """End the episode from outside (the policy's context is full); returns the verifier's reward."""
+        self._ended = True
+        return float(self._guard("verify", self.verify))
+
     # -- internals -----------------------------------------------------------------------------
 
     def _bind_tool(self, obj: Any) -> Tool:

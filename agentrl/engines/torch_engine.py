@@ -1,0 +1,160 @@
+"""The default backend: batched generation with transformers models in plain torch.
+
+All rows of a session share one KV cache (`transformers.DynamicCache`) laid out as a rectangle.
+Rows differ in length, so every chunk fed to the model (the prompts, then each turn's
+observations) is left-padded to the longest row, and padding stays in the cache as masked holes;
+positions come from the attention mask, so a row sees the same positions it would see unpadded
+(and in training). One forward per generated token serves the whole batch; a row that has stopped
+feeds a masked pad token until the turn ends. Finished episodes leave the batch with `keep()`,
+which slices the cache.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from agentrl.engines.base import Generation, SamplingConfig
+
+
+def sample_tokens(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row; return it and its log-prob under the temperature-scaled policy.
+
+    The log-prob is taken before top-k/top-p truncation (as vLLM reports it), so that it matches
+    what the learner recomputes from the same logits.
+    """
+    logits = logits.float()  # (B, V)
+    if cfg.temperature == 0:
+        tok = logits.argmax(-1)
+        return tok, F.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)
+    logits = logits / cfg.temperature
+    logp = F.log_softmax(logits, -1)  # (B, V)
+    masked = logits
+    if cfg.top_k > 0 and cfg.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, cfg.top_k, dim=-1).values[:, -1:]
+        masked = masked.masked_fill(masked < kth, float("-inf"))
+    if cfg.top_p < 1.0:
+        sorted_logits, order = torch.sort(masked, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum - sorted_logits.softmax(-1) > cfg.top_p  # keep the smallest set reaching top_p
+        masked = masked.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    tok = torch.multinomial(masked.softmax(-1), 1, generator=generator).squeeze(-1)  # (B,)
+    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+class TorchEngine:
+    """Generate with a transformers causal LM, keeping each row's KV cache across turns."""
+
+    def __init__(self, model: torch.nn.Module, sampling: SamplingConfig, stop_ids: Sequence[int], eos_id: int, pad_id: int, seed: int | None = None):
+        self.model = model
+        self.sampling = sampling
+        self.stop_ids = torch.tensor(sorted(set(stop_ids)), dtype=torch.long)
+        self.eos_id = eos_id
+        self.pad_id = pad_id
+        self.device = next(model.parameters()).device
+        # transformers 5 renamed `past_key_values` to `cache`
+        self.cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.generator = None
+        if seed is not None:
+            self.generator = torch.Generator(device=self.device).manual_seed(seed)
+
+    def open(self, prompts: Sequence[Sequence[int]]) -> TorchSession:
+        return TorchSession(self, [list(p) for p in prompts])
+
+
+class TorchSession:
+    def __init__(self, engine: TorchEngine, prompts: list[list[int]]):
+        self.engine = engine
+        self.rows = list(range(len(prompts)))
+        dev = engine.device
+        self.cache = DynamicCache()
+        self.mask = torch.zeros(len(prompts), 0, dtype=torch.long, device=dev)  # (B, L) 1 = real token
+        self.pos = torch.zeros(len(prompts), dtype=torch.long, device=dev)  # (B,) real tokens so far
+        self.pending: list[list[int]] = prompts  # tokens each row has not yet fed to the model
+        self.tokens_fed = 0  # padded positions run through the model (for throughput accounting)
+
+    @property
+    def cache_len(self) -> int:
+        return self.mask.shape[1]
+
+    def _forward(self, ids: torch.Tensor, chunk_mask: torch.Tensor) -> torch.Tensor:
+        self.mask = torch.cat([self.mask, chunk_mask], dim=1)  # (B, L + C)
+        pos_ids = (self.pos[:, None] + chunk_mask.cumsum(1) - 1).clamp(min=0)  # (B, C)
+        out = self.engine.model(
+            input_ids=ids, attention_mask=self.mask, position_ids=pos_ids, use_cache=True, **{self.engine.cache_kwarg: self.cache}
+        )
+        self.pos += chunk_mask.sum(1)
+        self.tokens_fed += ids.numel()
+        return out.logits[:, -1]  # (B, V)
+
+    def _feed_pending(self) -> torch.Tensor:
+        width = max(len(c) for c in self.pending)
+        dev = self.engine.device
+        ids = torch.full((len(self.pending), width), self.engine.pad_id, dtype=torch.long, device=dev)  # (B, C)
+        m = torch.zeros_like(ids)
+        for i, chunk in enumerate(self.pending):  # left-pad: the last column is every row's newest token
+            if chunk:
+                ids[i, width - len(chunk) :] = torch.tensor(chunk, dtype=torch.long)
+                m[i, width - len(chunk) :] = 1
+        self.pending = [[] for _ in self.pending]
+        return self._forward(ids, m)
+
+    @torch.inference_mode()
+    def generate(self) -> list[Generation]:
+        eng, cfg = self.engine, self.engine.sampling
+        B, dev = len(self.rows), eng.device
+        logits = self._feed_pending()
+        tokens = torch.full((B, cfg.max_new_tokens), eng.pad_id, dtype=torch.long, device=dev)  # (B, N)
+        logps = torch.zeros(B, cfg.max_new_tokens, device=dev)  # (B, N)
+        done = torch.zeros(B, dtype=torch.bool, device=dev)
+        length = torch.zeros(B, dtype=torch.long, device=dev)
+        stop_ids = eng.stop_ids.to(dev)
+        n = 0
+        for t in range(cfg.max_new_tokens):
+            tok, lp = sample_tokens(logits, cfg, eng.generator)
+            live = ~done  # rows that produce a real token at this step
+            tokens[:, t] = torch.where(live, tok, eng.pad_id)
+            logps[:, t] = torch.where(live, lp, 0.0)
+            length += live.long()
+            done = done | (live & torch.isin(tok, stop_ids))
+            n = t + 1
+            if bool(done.all()) or n == cfg.max_new_tokens:
+                break
+            logits = self._forward(tokens[:, t : t + 1], live.long()[:, None])
+        # the last token each row produced at the final step is not in the cache yet: it goes
+        # first in the row's next chunk, saving a forward pass now.
+        tokens, logps = tokens[:, :n].tolist(), logps[:, :n].tolist()
+        lengths, last_live = length.tolist(), live.tolist()
+        stops = set(eng.stop_ids.tolist())
+        out = []
+        for i in range(B):
+            ids = tokens[i][: lengths[i]]
+            if last_live[i]:
+                self.pending[i] = [ids[-1]]
+            finish = "length"
+            if ids and ids[-1] in stops:
+                finish = "eos" if ids[-1] == eng.eos_id else "stop"
+            out.append(Generation(ids, logps[i][: lengths[i]], finish))
+        return out
+
+    def extend(self, chunks: Sequence[Sequence[int]]) -> None:
+        if len(chunks) != len(self.rows):
+            raise ValueError(f"extend() got {len(chunks)} chunks for {len(self.rows)} rows")
+        for i, chunk in enumerate(chunks):
+            self.pending[i] = self.pending[i] + list(chunk)
+
+    def keep(self, positions: Sequence[int]) -> None:
+        """Keep only these batch positions (drop finished episodes); slices the KV cache."""
+        if len(positions) == len(self.rows):
+            return
+        idx = torch.tensor(list(positions), dtype=torch.long, device=self.engine.device)
+        if len(positions) and self.cache.get_seq_length() > 0:
+            self.cache.batch_select_indices(idx)
+        self.mask = self.mask[idx]
+        self.pos = self.pos[idx]
+        self.rows = [self.rows[p] for p in positions]
+        self.pending = [self.pending[p] for p in positions]

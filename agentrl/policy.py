@@ -1,0 +1,248 @@
+"""Causal-LM policies: loading, the built-in tiny policy, chat formatting, log-probs.
+
+Any transformers causal LM folder or hub id works (`Policy.load`). Without one, agentrl builds a
+tiny Llama-style model and a byte-level BPE tokenizer trained on the environment's own text
+(`build_tiny_policy`), and saves both as an ordinary HF folder, so every later step runs the same
+transformers code a 7B model would.
+
+`ChatFormat` turns the environment's text into token ids exactly as the model's chat template
+would lay out a tool-using conversation, but turn by turn: the prompt once, then for every turn
+only the new observation's tokens, so the rollout never re-encodes the history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+
+# ChatML with tools, laid out as Qwen2.5's template lays them out (tool results come back as a
+# user turn wrapped in <tool_response>), but listing each tool in one compact line
+# (`name(arg: type, ...): description`) so that a small model's context is not spent on JSON schema.
+TINY_CHAT_TEMPLATE = (
+    "{%- if messages[0].role == 'system' -%}{%- set sys = messages[0].content -%}{%- set rest = messages[1:] -%}"
+    "{%- else -%}{%- set sys = '' -%}{%- set rest = messages -%}{%- endif -%}"
+    "{%- if sys or tools -%}{{ '<|im_start|>system\\n' + sys }}"
+    "{%- if tools -%}{{ '\\nTools:' }}{%- for t in tools -%}{{ '\\n' + t.function.name + '(' }}"
+    "{%- for name, p in t.function.parameters.properties.items() -%}{{ name + ': ' + (p.type or 'any') }}"
+    "{%- if not loop.last -%}{{ ', ' }}{%- endif -%}{%- endfor -%}{{ '): ' + t.function.description }}"
+    "{%- endfor -%}{%- endif -%}{{ '<|im_end|>\\n' }}{%- endif -%}"
+    "{%- for m in rest -%}"
+    "{%- if m.role == 'tool' -%}{{ '<|im_start|>user\\n<tool_response>\\n' + m.content + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- else -%}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
+)
+
+
+@dataclass
+class TinyModelConfig:
+    """The built-in policy's size. ~0.5M parameters: big enough to learn Vault's sums by SFT in
+    a couple of minutes on 2 CPU cores, small enough that a rollout batch of 64 is fast."""
+
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 1024
+    vocab_size: int = 1024
+
+
+def build_tiny_policy(corpus: Iterable[str], out_dir: str | Path, cfg: TinyModelConfig | None = None, seed: int = 0) -> Path:
+    """Train a byte-level BPE tokenizer on `corpus`, build a tiny Llama, save both to `out_dir`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    cfg = cfg or TinyModelConfig()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    tok = Tokenizer(models.BPE())
+    # Digits one by one: a code like 12 must be composed from what the clue says, not memorised
+    # as a merged token. No regex split otherwise: merges may cross punctuation and spaces, so the
+    # boilerplate of a tool call (`{"name": "open", "arguments": {"lock": `) becomes a few tokens
+    # and the sequence holds mostly the decisions.
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=cfg.vocab_size,
+        special_tokens=SPECIAL_TOKENS + TOOL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
+    hf_tok.chat_template = TINY_CHAT_TEMPLATE
+    hf_tok.save_pretrained(out)
+
+    torch.manual_seed(seed)
+    model_cfg = LlamaConfig(
+        vocab_size=len(hf_tok),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=hf_tok.eos_token_id,
+        pad_token_id=hf_tok.pad_token_id,
+    )
+    LlamaForCausalLM(model_cfg).save_pretrained(out)
+    return out
+
+
+def render_corpus_text(system: str | None, tools: list[dict[str, Any]], messages: list[tuple[str, str]]) -> str:
+    """The tiny template's text for a conversation, without a tokenizer (for training one)."""
+    parts = []
+    head = system or ""
+    if tools:
+        for t in tools:
+            f = t["function"]
+            args = ", ".join(f"{k}: {v.get('type', 'any')}" for k, v in f["parameters"].get("properties", {}).items())
+            head += ("\nTools:" if t is tools[0] else "") + f"\n{f['name']}({args}): {f['description']}"
+    parts.append(f"<|im_start|>system\n{head}<|im_end|>\n")
+    for role, content in messages:
+        if role == "tool":
+            parts.append(f"<|im_start|>user\n<tool_response>\n{content}\n</tool_response><|im_end|>\n")
+        else:
+            parts.append(f"<|im_start|>{role}\n{content}<|im_end|>\n")
+    return "".join(parts)
+
+
+class ChatFormat:
+    """Token ids for a tool-using conversation, derived from the tokenizer's chat template.
+
+    The observation wrapper (what the template puts between the end of an assistant message and
+    the next assistant generation prompt) is found once by rendering a conversation with
+    placeholders, so it follows whatever template the model ships with.
+    """
+
+    _A, _O = "\x00ACTION\x00", "\x00OBSERVATION\x00"
+
+    def __init__(self, tokenizer: Any):
+        if tokenizer.chat_template is None:
+            raise ValueError("the tokenizer has no chat template; agentrl needs one to lay out turns")
+        self.tokenizer = tokenizer
+        self.eos_id = tokenizer.eos_token_id
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
+        msgs = [{"role": "user", "content": "U"}, {"role": "assistant", "content": self._A}, {"role": "tool", "content": self._O}]
+        text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        if self._A not in text or self._O not in text:
+            raise ValueError("the chat template dropped the assistant or tool message; cannot derive the turn layout")
+        between = text[text.index(self._A) + len(self._A) :]
+        self.obs_prefix, _, self.obs_suffix = between.partition(self._O)
+        self.eos_text = tokenizer.eos_token or ""
+        stops = {self.eos_id}
+        close = tokenizer.convert_tokens_to_ids("</tool_call>")
+        if isinstance(close, int) and close != tokenizer.unk_token_id and close is not None:
+            stops.add(close)  # stop at the end of the tool call: nothing useful follows it
+        self.stop_ids = sorted(s for s in stops if s is not None)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def prompt_ids(self, observation: str, tools: list[dict[str, Any]], system: str | None = None) -> list[int]:
+        msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": observation}]
+        text = self.tokenizer.apply_chat_template(msgs, tools=tools or None, tokenize=False, add_generation_prompt=True)
+        return self.encode(text)
+
+    def observation_ids(self, observation: str, ended_with_eos: bool) -> list[int]:
+        prefix = self.obs_prefix
+        if ended_with_eos and self.eos_text and prefix.startswith(self.eos_text):
+            prefix = prefix[len(self.eos_text) :]  # the action already closed its message
+        return self.encode(prefix + observation + self.obs_suffix)
+
+    def action_ids(self, text: str) -> list[int]:
+        """Token ids of a scripted action, ending in a stop token as a sampled one would."""
+        ids = self.encode(text)
+        if not ids or ids[-1] not in self.stop_ids:
+            ids.append(self.eos_id)
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        return text.removesuffix(self.eos_text) if self.eos_text else text
+
+
+class Policy:
+    """A causal LM and its tokenizer, with the chat layout agentrl uses."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.chat = ChatFormat(tokenizer)
+
+    @classmethod
+    def load(cls, name_or_path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> Policy:
+        tokenizer = AutoTokenizer.from_pretrained(str(name_or_path))
+        model = AutoModelForCausalLM.from_pretrained(str(name_or_path), dtype=dtype).to(device)
+        return cls(model, tokenizer)
+
+    def save(self, path: str | Path) -> None:
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip padding, as `generate()` derives them (left or inner padding)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+@dataclass
+class TokenStats:
+    logp: torch.Tensor  # (B, T) log-prob of token t given tokens < t; 0 at t = 0
+    entropy: torch.Tensor | None  # (B, T) entropy of the distribution that produced token t
+    hidden: torch.Tensor | None  # (B, T, H) last-layer hidden state at t (detached)
+
+
+def token_stats(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float = 1.0,
+    entropy: bool = False,
+    hidden: bool = False,
+) -> TokenStats:
+    """Per-token log-probs (and entropy, hidden states) of `input_ids` under `model`, one forward.
+
+    Values are aligned to token positions: `logp[:, t]` scores `input_ids[:, t]`.
+    """
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        output_hidden_states=hidden,
+        use_cache=False,
+    )
+    logits = out.logits[:, :-1].float()  # (B, T-1, V)
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp_all = F.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, T-1)
+    logp = F.pad(logp, (1, 0))  # (B, T)
+    ent = None
+    if entropy:
+        ent = F.pad(-(logp_all.exp() * logp_all).sum(-1), (1, 0))  # (B, T)
+    hs = None
+    if hidden:
+        # the state *before* token t is the hidden state at t-1; shift so hs[:, t] precedes token t
+        hs = F.pad(out.hidden_states[-1][:, :-1].detach(), (0, 0, 1, 0))  # (B, T, H)
+    return TokenStats(logp, ent, hs)

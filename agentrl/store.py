@@ -1,0 +1,224 @@
+"""The turn-segmented trajectory store, and the training batch it hands out.
+
+Episodes are kept whole (prompt, then turns of action and observation tokens) with their group,
+rewards and per-turn records, and saved as Parquet (one row per episode, turns as a list of
+structs), so a run's rollouts can be reloaded, probed or trained on without the environment.
+`TrajectoryStore.batch` lays episodes out as (B, T) token tensors with a loss mask that is 1 on
+action tokens only.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from agentrl.core import Episode, Turn
+
+TURN_TYPE = pa.struct(
+    [
+        ("context_len", pa.int32()),
+        ("action_ids", pa.list_(pa.int32())),
+        ("logprobs", pa.list_(pa.float32())),
+        ("obs_ids", pa.list_(pa.int32())),
+        ("action", pa.string()),
+        ("observation", pa.string()),
+        ("step_reward", pa.float32()),
+        ("state_key", pa.string()),
+        ("malformed", pa.int32()),
+    ]
+)
+SCHEMA = pa.schema(
+    [
+        ("env_id", pa.string()),
+        ("task_id", pa.string()),
+        ("group_id", pa.int64()),
+        ("seed", pa.int64()),
+        ("reward", pa.float64()),
+        ("terminated", pa.bool_()),
+        ("truncated", pa.bool_()),
+        ("error", pa.string()),
+        ("prompt_ids", pa.list_(pa.int32())),
+        ("turns", pa.list_(TURN_TYPE)),
+    ]
+)
+
+
+class StoreError(ValueError):
+    """A store file is missing, unreadable or not an agentrl store."""
+
+
+@dataclass
+class TurnBatch:
+    """Episodes as tensors, one row per episode, aligned to token positions.
+
+    ``turn_index[b, t]`` is the turn that action token t belongs to (-1 elsewhere), so a turn-level
+    advantage (B, K) becomes a token-level one by a gather. ``turn_pos[b, k]`` is the position of
+    the last context token before turn k's action (where a turn critic reads the hidden state).
+    """
+
+    input_ids: torch.Tensor  # (B, T) long
+    attention_mask: torch.Tensor  # (B, T) long
+    action_mask: torch.Tensor  # (B, T) float, 1 on action tokens
+    behaviour_logp: torch.Tensor  # (B, T) float
+    turn_index: torch.Tensor  # (B, T) long, -1 off action tokens
+    turn_pos: torch.Tensor  # (B, K) long, -1 past the episode's last turn
+    num_turns: torch.Tensor  # (B,) long
+    step_rewards: torch.Tensor  # (B, K) float
+    rewards: torch.Tensor  # (B,) float, the verifier's terminal reward
+    group_ids: torch.Tensor  # (B,) long
+    terminated: torch.Tensor  # (B,) bool
+    truncated: torch.Tensor  # (B,) bool
+    episodes: list[Episode]
+
+    @property
+    def size(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def turn_mask(self) -> torch.Tensor:
+        """(B, K) bool: which turn slots hold a turn."""
+        return self.turn_pos >= 0
+
+    def select(self, rows: Sequence[int] | torch.Tensor) -> TurnBatch:
+        idx = torch.as_tensor(rows, dtype=torch.long)
+        kw = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            kw[f.name] = [v[i] for i in idx.tolist()] if f.name == "episodes" else v[idx]
+        return TurnBatch(**kw)
+
+    def to(self, device: torch.device | str) -> TurnBatch:
+        return TurnBatch(**{f.name: (v.to(device) if isinstance(v := getattr(self, f.name), torch.Tensor) else v) for f in fields(self)})
+
+
+def make_batch(episodes: Sequence[Episode], pad_id: int) -> TurnBatch:
+    """Lay `episodes` out as right-padded (B, T) tensors."""
+    if not episodes:
+        raise ValueError("make_batch: no episodes")
+    B = len(episodes)
+    T = max(len(e.token_ids()) for e in episodes)
+    K = max(max(e.num_turns for e in episodes), 1)
+    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attention = torch.zeros(B, T, dtype=torch.long)
+    action_mask = torch.zeros(B, T)
+    blogp = torch.zeros(B, T)
+    turn_index = torch.full((B, T), -1, dtype=torch.long)
+    turn_pos = torch.full((B, K), -1, dtype=torch.long)
+    step_rewards = torch.zeros(B, K)
+    for b, ep in enumerate(episodes):
+        ids = ep.token_ids()
+        input_ids[b, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attention[b, : len(ids)] = 1
+        for k, turn in enumerate(ep.turns):
+            s, n = turn.context_len, len(turn.action_ids)
+            action_mask[b, s : s + n] = 1
+            blogp[b, s : s + n] = torch.tensor(turn.logprobs)
+            turn_index[b, s : s + n] = k
+            turn_pos[b, k] = s - 1
+            step_rewards[b, k] = turn.step_reward
+    return TurnBatch(
+        input_ids=input_ids,
+        attention_mask=attention,
+        action_mask=action_mask,
+        behaviour_logp=blogp,
+        turn_index=turn_index,
+        turn_pos=turn_pos,
+        num_turns=torch.tensor([e.num_turns for e in episodes], dtype=torch.long),
+        step_rewards=step_rewards,
+        rewards=torch.tensor([e.reward for e in episodes], dtype=torch.float32),
+        group_ids=torch.tensor([e.group_id for e in episodes], dtype=torch.long),
+        terminated=torch.tensor([e.terminated for e in episodes]),
+        truncated=torch.tensor([e.truncated for e in episodes]),
+        episodes=list(episodes),
+    )
+
+
+class TrajectoryStore:
+    """Episodes grouped by `group_id`; append, save/load as Parquet, hand out `TurnBatch`es.
+
+    >>> store = TrajectoryStore([Episode([1], [Turn(1, [2], [-0.5], [3])], reward=1.0, group_id=7)])
+    >>> len(store), list(store.groups())
+    (1, [7])
+    >>> store.batch(pad_id=0).action_mask.tolist()
+    [[0.0, 1.0]]
+    """
+
+    def __init__(self, episodes: Iterable[Episode] = ()):
+        self.episodes: list[Episode] = list(episodes)
+
+    def __len__(self) -> int:
+        return len(self.episodes)
+
+    def __iter__(self) -> Iterator[Episode]:
+        return iter(self.episodes)
+
+    def add(self, episodes: Iterable[Episode]) -> None:
+        self.episodes.extend(episodes)
+
+    def groups(self) -> dict[int, list[Episode]]:
+        out: dict[int, list[Episode]] = defaultdict(list)
+        for ep in self.episodes:
+            out[ep.group_id].append(ep)
+        return dict(out)
+
+    def batch(self, pad_id: int) -> TurnBatch:
+        return make_batch(self.episodes, pad_id)
+
+    # -- Parquet ----------------------------------------------------------------------------------
+
+    def to_table(self) -> pa.Table:
+        rows = []
+        for ep in self.episodes:
+            rows.append(
+                {
+                    "env_id": ep.env_id,
+                    "task_id": ep.task_id,
+                    "group_id": ep.group_id,
+                    "seed": ep.seed,
+                    "reward": ep.reward,
+                    "terminated": ep.terminated,
+                    "truncated": ep.truncated,
+                    "error": ep.error,
+                    "prompt_ids": ep.prompt_ids,
+                    "turns": [{f.name: getattr(t, f.name) for f in fields(Turn)} for t in ep.turns],
+                }
+            )
+        return pa.Table.from_pylist(rows, schema=SCHEMA)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the store as one Parquet file (atomically: a killed run leaves no half file)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        pq.write_table(self.to_table(), tmp)
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> TrajectoryStore:
+        """Load a Parquet file, or every `*.parquet` in a folder (in name order)."""
+        path = Path(path)
+        if not path.exists():
+            raise StoreError(f"no store at {path}")
+        files = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
+        if not files:
+            raise StoreError(f"{path} holds no .parquet files")
+        store = cls()
+        for f in files:
+            try:
+                table = pq.read_table(f)
+            except (pa.ArrowInvalid, OSError) as e:
+                raise StoreError(f"{f} is not a readable Parquet file: {e}") from e
+            missing = set(SCHEMA.names) - set(table.column_names)
+            if missing:
+                raise StoreError(f"{f} is not an agentrl store: missing columns {sorted(missing)}")
+            for row in table.to_pylist():
+                turns = [Turn(**t) for t in row.pop("turns")]
+                store.episodes.append(Episode(turns=turns, **row))
+        return store

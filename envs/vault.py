@@ -1,0 +1,108 @@
+"""`agentrl/Vault-v0`: a long-horizon tool-use task whose horizon is one knob, `locks`.
+
+The agent must open `locks` locks in order. Lock k opens with a code that it can only work out by
+first reading the lock's clue (another tool call): the clue is a sum of two small numbers, the code
+is that sum. So a perfect episode takes ``2 * locks`` turns, and the turn budget
+``2 * locks + slack`` leaves room for ``slack`` mistakes. The reward is 1.0 only when every lock is
+open (a state predicate), so an outcome-only learner cannot tell which turn went wrong; per-turn
+progress (``1 / locks`` per opened lock) is offered in ``info["step_reward"]`` for assigners that
+want it, and ``state_key`` is ``(locks opened, clue read)``.
+
+>>> env = VaultEnv(locks=2, slack=1)
+>>> obs, _ = env.reset(seed=3)
+>>> while True:
+...     obs, reward, terminated, truncated, info = env.step(env.expert_action())
+...     if terminated or truncated:
+...         break
+>>> reward, terminated, info["turn"]
+(1.0, True, 4)
+"""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium
+
+from agentrl.core import AgentEnv
+
+
+class VaultEnv(AgentEnv):
+    """Open every lock in order; each lock's code is the sum its clue states."""
+
+    system_prompt = "Open the vault."
+
+    def __init__(self, locks: int = 3, slack: int = 2, max_operand: int = 4):
+        if not 1 <= locks <= 32:
+            raise ValueError(f"Vault: locks must be between 1 and 32, got {locks}")
+        if slack < 0:
+            raise ValueError(f"Vault: slack must be >= 0, got {slack}")
+        if not 1 <= max_operand <= 9:
+            raise ValueError(f"Vault: max_operand must be between 1 and 9, got {max_operand}")
+        super().__init__(max_turns=2 * locks + slack)
+        self.locks, self.slack, self.max_operand = locks, slack, max_operand
+        self.clues: list[tuple[int, int]] = []
+        self.opened = 0
+        self.clue_read = False
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        rng = self.np_random
+        self.clues = [(int(rng.integers(1, self.max_operand + 1)), int(rng.integers(1, self.max_operand + 1))) for _ in range(self.locks)]
+        self.opened = 0
+        self.clue_read = False
+        return f"{self.locks} locks. Read each clue, then open the lock with the sum.", {"state_key": self.state_key()}
+
+    # -- tools ----------------------------------------------------------------------------------
+
+    def clue(self, lock: int) -> str:
+        """Read the clue of a lock."""
+        if lock != self.opened + 1:
+            return f"lock {lock} is not next; lock {self.opened + 1} is."
+        a, b = self.clues[self.opened]
+        self.clue_read = True
+        return f"lock {lock}: {a}+{b}"
+
+    def open(self, lock: int, code: int) -> str:
+        """Open a lock with its code."""
+        if lock != self.opened + 1:
+            return f"lock {lock} is not next; lock {self.opened + 1} is."
+        if code != sum(self.clues[self.opened]):
+            return f"wrong code for lock {lock}."
+        self.opened += 1
+        self.clue_read = False
+        self.add_step_reward(1.0 / self.locks)
+        return f"lock {lock} open. {self.locks - self.opened} left."
+
+    tools = [clue, open]
+
+    # -- verifier and state -----------------------------------------------------------------------
+
+    def is_terminal(self) -> bool:
+        return self.opened == self.locks
+
+    def verify(self) -> float:
+        return float(self.opened == self.locks)
+
+    def state_key(self):
+        return (self.opened, self.clue_read)
+
+    def expert_action(self, noise: float = 0.0) -> str:
+        """Read the clue, then open with the sum. With probability `noise` per turn the expert
+        slips: it opens without reading the clue, or opens with a wrong code."""
+        lock = self.opened + 1
+        slip = noise > 0 and self.np_random.random() < noise
+        if not self.clue_read and not slip:
+            return _call("clue", lock=lock)
+        code = sum(self.clues[self.opened])
+        if slip:
+            wrong = [c for c in range(2, 2 * self.max_operand + 1) if c != code] or [code + 1]
+            code = int(self.np_random.choice(wrong))
+        return _call("open", lock=lock, code=code)
+
+
+def _call(name: str, **arguments) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+gymnasium.register(id="agentrl/Vault-v0", entry_point="agentrl.envs.vault:VaultEnv", kwargs={"locks": 3, "slack": 2})
