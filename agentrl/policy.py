@@ -19,7 +19,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers.utils import logging as hf_logging
+
+hf_logging.disable_progress_bar()  # per-shard bars for a 2 MB model are noise in a run's console
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
@@ -43,18 +47,19 @@ TINY_CHAT_TEMPLATE = (
 )
 
 
-@dataclass
-class TinyModelConfig:
-    """The built-in policy's size. ~0.5M parameters: big enough to learn Vault's sums by SFT in
-    a couple of minutes on 2 CPU cores, small enough that a rollout batch of 64 is fast."""
+class TinyModelConfig(BaseModel):
+    """The built-in policy's size: ~0.5M parameters, big enough to learn Vault's sums by SFT in a
+    couple of minutes on 2 CPU cores, small enough that a rollout batch of 64 is fast."""
 
-    hidden_size: int = 128
-    intermediate_size: int = 384
-    num_hidden_layers: int = 2
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    max_position_embeddings: int = 1024
-    vocab_size: int = 1024
+    model_config = ConfigDict(extra="forbid")
+
+    hidden_size: int = Field(128, ge=8)
+    intermediate_size: int = Field(384, ge=8)
+    num_hidden_layers: int = Field(2, ge=1)
+    num_attention_heads: int = Field(4, ge=1)
+    num_key_value_heads: int = Field(2, ge=1)
+    max_position_embeddings: int = Field(1024, ge=64, description="Context length; also the rollout's max_context.")
+    vocab_size: int = Field(1024, ge=300, description="BPE target size; the trainer stops early when the corpus has no more merges.")
 
 
 def build_tiny_policy(corpus: Iterable[str], out_dir: str | Path, cfg: TinyModelConfig | None = None, seed: int = 0) -> Path:

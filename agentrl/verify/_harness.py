@@ -243,22 +243,11 @@ def judge_main(fd_req, fd_rep):
     sys.stdout.flush()
 
 
-def kill_uid_main(uid):
-    # Runs as `uid` (dropped by the parent before exec). Checked again here, because kill(-1)
-    # from root would signal every process on the machine.
-    uid = int(uid)
-    if uid == 0 or os.getuid() != uid or os.geteuid() != uid:
-        sys.exit(f"refusing to kill(-1): running as uid {os.getuid()}/{os.geteuid()}, expected {uid}")
-    os.kill(-1, 9)
-
-
 if __name__ == "__main__":
     role = sys.argv[1]
     if role == "worker":
         worker_main(int(sys.argv[2]), int(sys.argv[3]))
     elif role == "judge":
         judge_main(int(sys.argv[2]), int(sys.argv[3]))
-    elif role == "kill-uid":
-        kill_uid_main(sys.argv[2])
     else:
         sys.exit(f"unknown role {role!r}")

@@ -1,0 +1,156 @@
+"""`check_env`: does an environment follow the `AgentEnv` contract? A flat list of small checks.
+
+Each check takes a fresh-enough env and raises `AssertionError` with a message that says what is
+wrong; `check_env` runs them all and reports every failure, not just the first.
+
+>>> from agentrl.envs.vault import VaultEnv
+>>> [r.name for r in check_env(VaultEnv(locks=2)) if not r.ok]
+[]
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from agentrl.core import AgentEnv, EnvError, make
+
+GARBAGE = "this is not a tool call"
+
+
+@dataclass
+class CheckResult:
+    name: str
+    ok: bool
+    message: str = ""
+
+
+def _roll(env: AgentEnv, seed: int, actions: Callable[[AgentEnv], str], limit: int = 1000) -> list[tuple[Any, ...]]:
+    obs, info = env.reset(seed=seed)
+    trace: list[tuple[Any, ...]] = [(obs,)]
+    for _ in range(limit):
+        obs, reward, terminated, truncated, info = env.step(actions(env))
+        trace.append((obs, reward, terminated, truncated, info.get("step_reward"), repr(info.get("state_key"))))
+        if terminated or truncated:
+            return trace
+    raise AssertionError(f"episode did not end within {limit} steps although max_turns = {env.max_turns}")
+
+
+def _expert(env: AgentEnv) -> Callable[[AgentEnv], str] | None:
+    try:
+        env.reset(seed=0)
+        env.expert_action(0.0)
+    except NotImplementedError:
+        return None
+    return lambda e: e.expert_action(0.3)
+
+
+def check_is_agent_env(env: AgentEnv) -> None:
+    assert isinstance(env, AgentEnv), f"{type(env).__name__} does not subclass agentrl.AgentEnv"
+
+
+def check_tools(env: AgentEnv) -> None:
+    schemas = env.tool_schemas()
+    assert schemas, "the environment declares no tools"
+    names = [s["function"]["name"] for s in schemas]
+    assert len(names) == len(set(names)), f"tool names repeat: {names}"
+    json.dumps(schemas)  # must be serialisable: chat templates render it
+    for s in schemas:
+        assert s["function"]["description"], f"tool {s['function']['name']!r} has no description (write a docstring)"
+
+
+def check_reset(env: AgentEnv) -> None:
+    out = env.reset(seed=0)
+    assert isinstance(out, tuple) and len(out) == 2, "reset() must return (observation, info)"
+    obs, info = out
+    assert isinstance(obs, str) and obs, f"reset() observation must be non-empty text, got {obs!r}"
+    assert isinstance(info, dict), f"reset() info must be a dict, got {type(info).__name__}"
+
+
+def check_step(env: AgentEnv) -> None:
+    env.reset(seed=0)
+    out = env.step(GARBAGE)
+    assert isinstance(out, tuple) and len(out) == 5, "step() must return (obs, reward, terminated, truncated, info)"
+    obs, reward, terminated, truncated, info = out
+    assert isinstance(obs, str), f"step() observation must be text, got {type(obs).__name__}"
+    assert isinstance(reward, float), f"step() reward must be a float, got {type(reward).__name__}"
+    assert isinstance(terminated, bool) and isinstance(truncated, bool), "terminated and truncated must be bools"
+    assert isinstance(info, dict) and "malformed_calls" in info, "info must count malformed_calls"
+
+
+def check_malformed_call_is_observation(env: AgentEnv) -> None:
+    env.reset(seed=0)
+    for bad in [GARBAGE, "<tool_call>{not json}</tool_call>", '<tool_call>{"name": "no_such_tool", "arguments": {}}</tool_call>']:
+        obs, _, _, _, info = env.step(bad)
+        assert isinstance(obs, str) and obs, f"a malformed call must be answered with an explanation, got {obs!r}"
+        assert info.get("malformed", 0) >= 1, f"a malformed call ({bad!r}) was not counted in info['malformed']"
+        if env._ended:
+            env.reset(seed=0)
+
+
+def check_turn_budget_truncates(env: AgentEnv) -> None:
+    trace = _roll(env, 0, lambda e: GARBAGE)
+    *_, (obs, reward, terminated, truncated, *_rest) = trace
+    assert truncated and not terminated, "running out of turns must give truncated=True, terminated=False"
+    assert len(trace) - 1 == env.max_turns, f"truncated after {len(trace) - 1} turns, max_turns is {env.max_turns}"
+
+
+def check_step_after_end_raises(env: AgentEnv) -> None:
+    _roll(env, 0, lambda e: GARBAGE)
+    try:
+        env.step(GARBAGE)
+    except EnvError:
+        return
+    raise AssertionError("step() after the episode ended must raise (call reset() first)")
+
+
+def check_determinism(env: AgentEnv) -> None:
+    """Reset twice with one seed, step the same actions, compare everything."""
+    actor = _expert(env) or (lambda e: GARBAGE)
+    for seed in (1, 2):
+        env.reset(seed=1000 + seed)  # the expert's own randomness comes from the env's seed too
+        a = _roll(env, seed, actor)
+        b = _roll(env, seed, actor)
+        assert a == b, f"seed {seed}: two episodes with the same seed and actions differ"
+
+
+def check_expert_finishes(env: AgentEnv) -> None:
+    if _expert(env) is None:
+        return
+    trace = _roll(env, 7, lambda e: e.expert_action(0.0))
+    assert trace[-1][1] > 0, f"the noise-free expert scored {trace[-1][1]} on seed 7"
+
+
+CHECKS = [
+    check_is_agent_env,
+    check_tools,
+    check_reset,
+    check_step,
+    check_malformed_call_is_observation,
+    check_turn_budget_truncates,
+    check_step_after_end_raises,
+    check_determinism,
+    check_expert_finishes,
+]
+
+
+def check_env(env: AgentEnv | str | type, **kwargs: Any) -> list[CheckResult]:
+    """Run every check; `env` is an instance, a class, a registered id or `module:Class`."""
+    if isinstance(env, str):
+        env = make(env, **kwargs)
+    elif isinstance(env, type):
+        env = env(**kwargs)
+    results = []
+    for check in CHECKS:
+        name = check.__name__.removeprefix("check_")
+        try:
+            check(env)
+            results.append(CheckResult(name, True))
+        except Exception as e:  # a check that crashes is a failed check, with its reason
+            msg = str(e) if isinstance(e, AssertionError) else f"{type(e).__name__}: {e}"
+            results.append(CheckResult(name, False, msg))
+        if name == "is_agent_env" and not results[-1].ok:
+            break
+    return results

@@ -1,0 +1,282 @@
+"""The RL loop, top to bottom: roll out groups, store them, assign credit, update the policy, log.
+
+    for each update:
+        episodes = rollout(envs, task seeds x G, engine)          # one batched generate per turn
+        store   <- episodes (Parquet, one file per update)
+        metrics = assigner.fit(batch); credit = assigner.assign(batch)
+        loss    = policy_loss(logp, behaviour logp, credit.advantages, action mask, ...)
+        optimizer step (through accelerate), metrics.jsonl, console
+
+The trainer never branches on the assigner: it looks it up in `ASSIGNERS` and calls `fit` and
+`assign`. Held-out evaluation uses seeds that training never draws.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from agentrl.algorithms import get_assigner
+from agentrl.config import TrainConfig
+from agentrl.core import Episode, make
+from agentrl.credit import Credit
+from agentrl.engines.base import SamplingConfig
+from agentrl.engines.torch_engine import TorchEngine
+from agentrl.loss import policy_loss
+from agentrl.monitor import Monitor
+from agentrl.policy import Policy, token_stats
+from agentrl.rollout import rollout
+from agentrl.stages.sft import warm_start
+from agentrl.store import TrajectoryStore, TurnBatch, make_batch
+
+
+class EpisodeErrors(RuntimeError):
+    """An environment raised during a rollout; the batch was saved before stopping."""
+
+
+@dataclass
+class EvalResult:
+    pass_rate: float
+    reward_mean: float
+    turns_mean: float
+    episodes: int
+
+    def metrics(self, prefix: str = "eval") -> dict[str, float]:
+        return {f"{prefix}/pass_rate": self.pass_rate, f"{prefix}/reward_mean": self.reward_mean, f"{prefix}/turns_mean": self.turns_mean}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def make_engine(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig, seed: int) -> Any:
+    chat = policy.chat
+    if cfg.engine == "vllm":
+        from agentrl.engines.vllm_engine import VLLMEngine  # GPU only; imports vllm lazily
+
+        return VLLMEngine.from_policy(policy, sampling, seed=seed)
+    return TorchEngine(policy.model, sampling, chat.stop_ids, chat.eos_id, chat.pad_id, seed=seed)
+
+
+def evaluate(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig, max_context: int) -> EvalResult:
+    """Pass rate on the held-out seeds (the same seeds every time, so evaluations compare)."""
+    n = cfg.eval.episodes
+    envs = [make(cfg.env.id, **cfg.env.kwargs) for _ in range(n)]
+    seeds = [cfg.eval.seed_offset + i for i in range(n)]
+    engine = make_engine(cfg, policy, sampling, seed=cfg.seed + 12345)
+    episodes, _ = rollout(envs, seeds, engine, policy.chat, max_context=max_context, max_new_tokens=sampling.max_new_tokens)
+    _raise_on_errors(episodes, None)
+    return EvalResult(
+        pass_rate=float(np.mean([e.passed for e in episodes])),
+        reward_mean=float(np.mean([e.reward for e in episodes])),
+        turns_mean=float(np.mean([e.num_turns for e in episodes])),
+        episodes=n,
+    )
+
+
+def _raise_on_errors(episodes: list[Episode], saved: Path | None) -> None:
+    errored = [e for e in episodes if e.error]
+    if errored:
+        where = f" (the batch is saved in {saved})" if saved else ""
+        raise EpisodeErrors(f"{len(errored)} episode(s) errored{where}; first: {errored[0].error}")
+
+
+def rollout_metrics(episodes: list[Episode], seconds: float) -> dict[str, float]:
+    tokens = sum(e.num_action_tokens for e in episodes)
+    return {
+        "rollout/pass_rate": float(np.mean([e.passed for e in episodes])),
+        "rollout/reward_mean": float(np.mean([e.reward for e in episodes])),
+        "rollout/turns_mean": float(np.mean([e.num_turns for e in episodes])),
+        "rollout/action_tokens_mean": tokens / len(episodes),
+        "rollout/episode_tokens_mean": float(np.mean([len(e.token_ids()) for e in episodes])),
+        "rollout/truncated_frac": float(np.mean([e.truncated for e in episodes])),
+        "rollout/malformed_per_episode": float(np.mean([e.malformed_calls for e in episodes])),
+        "rollout/episodes": float(len(episodes)),
+        "rollout/tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+    }
+
+
+class Trainer:
+    """One RL run. `Trainer(cfg).train()` is what `agentrl train` calls."""
+
+    def __init__(self, cfg: TrainConfig, monitor: Monitor | None = None):
+        from accelerate import Accelerator
+
+        self.cfg = cfg
+        self.out = Path(cfg.out or f"runs/{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "config.yaml").write_text(cfg.to_yaml())
+        self.monitor = monitor or Monitor(self.out, total=cfg.updates)
+        self.monitor.say(f"run folder: {self.out}")
+
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        device = resolve_device(cfg.device)
+        self.accelerator = Accelerator(cpu=device.type == "cpu")
+
+        if cfg.model is None:
+            folder = warm_start(cfg.env.id, cfg.env.kwargs, cfg.tiny, cfg.sft, cfg.seed, log=self.monitor.sft_progress, say=self.monitor.say)
+            self.policy = Policy.load(folder, device=device)
+            self.warm_start_dir: Path | None = folder
+        else:
+            self.policy = Policy.load(cfg.model, device=device)
+            self.warm_start_dir = None
+        self.max_context = cfg.rollout.max_context or getattr(self.policy.model.config, "max_position_embeddings", 2048)
+
+        # The reference for KL: a frozen copy (cheap for small models; LoRA runs use the base).
+        self.reference = copy.deepcopy(self.policy.model).eval().requires_grad_(False)
+        self.assigner = get_assigner(cfg.algo)(cfg.credit_config, policy=self.policy, train_config=cfg)
+        opt = torch.optim.AdamW(self.policy.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+        self.model, self.optimizer = self.accelerator.prepare(self.policy.model, opt)
+        self.envs = [make(cfg.env.id, **cfg.env.kwargs) for _ in range(cfg.rollout.groups * cfg.rollout.group_size)]
+        self.engine = make_engine(cfg, self.policy, cfg.rollout.sampling, seed=cfg.seed)
+        self.task_rng = np.random.default_rng(cfg.seed)
+        self.next_group = 0
+
+    # -- one update, in order ---------------------------------------------------------------------
+
+    def collect(self, update: int) -> tuple[list[Episode], dict[str, float]]:
+        """Roll out `groups` tasks x `group_size` episodes; with dynamic sampling 'resample', roll
+        out extra batches until enough groups carry signal (or the extra-batch cap is hit)."""
+        cfg = self.cfg
+        G = cfg.rollout.group_size
+        kept: list[Episode] = []
+        t0 = time.perf_counter()
+        all_eps: list[Episode] = []
+        credit_cfg = cfg.credit_config
+        resample = getattr(credit_cfg, "dynamic_sampling", "off") == "resample"
+        extra = getattr(credit_cfg, "max_resample_batches", 0) if resample else 0
+        for attempt in range(1 + extra):
+            task_seeds = self.task_rng.integers(0, cfg.eval.seed_offset, size=cfg.rollout.groups).tolist()
+            seeds = [s for s in task_seeds for _ in range(G)]
+            gids = [self.next_group + i // G for i in range(len(seeds))]
+            self.next_group += cfg.rollout.groups
+            episodes, _ = rollout(self.envs, seeds, self.engine, self.policy.chat, group_ids=gids,
+                                  max_context=self.max_context, max_new_tokens=cfg.rollout.sampling.max_new_tokens)
+            path = TrajectoryStore(episodes).save(self.out / "store" / f"update_{update:05d}_{attempt}.parquet")
+            _raise_on_errors(episodes, path)
+            all_eps += episodes
+            if not resample:
+                kept = episodes
+                break
+            kept += [e for grp in _groups(episodes) if len({x.reward for x in grp}) > 1 for e in grp]
+            if len(kept) >= cfg.rollout.groups * G:
+                break
+        metrics = rollout_metrics(all_eps, time.perf_counter() - t0)
+        if resample:
+            metrics["rollout/resample_batches"] = float(attempt)
+            kept = kept[: cfg.rollout.groups * G] or all_eps  # no signal at all: train on nothing useful, but log it
+        return kept, metrics
+
+    def optimize(self, batch: TurnBatch, credit: Credit) -> dict[str, float]:
+        cfg = self.cfg
+        rows = (credit.row_weight > 0).nonzero(as_tuple=True)[0]
+        if len(rows) == 0 or float(credit.advantages.abs().sum()) == 0.0:
+            return {"train/skipped": 1.0, "train/trained_episodes": 0.0}
+        device = self.accelerator.device
+        batch = batch.select(rows).to(device)
+        adv = credit.advantages[rows].to(device)
+        with torch.inference_mode():
+            ref_logp = token_stats(self.reference, batch.input_ids, batch.attention_mask, cfg.rollout.sampling.temperature or 1.0).logp
+        stats: dict[str, list[float]] = {}
+        t0, tokens = time.perf_counter(), 0
+        self.model.train()
+        for _ in range(cfg.optim.ppo_epochs):
+            perm = torch.randperm(batch.size)
+            for chunk in torch.chunk(perm, min(cfg.optim.minibatches, batch.size)):
+                mb = batch.select(chunk)
+                ts = token_stats(self.model, mb.input_ids, mb.attention_mask, cfg.rollout.sampling.temperature or 1.0, entropy=True)
+                loss, s = policy_loss(ts.logp, mb.behaviour_logp, adv[chunk], mb.action_mask, cfg.loss,
+                                      ref_logp=ref_logp[chunk], entropy=ts.entropy, turn_index=mb.turn_index)
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(f"non-finite loss {loss.item()} at {s}")
+                self.optimizer.zero_grad(set_to_none=True)
+                self.accelerator.backward(loss)
+                gn = self.accelerator.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)
+                s["grad_norm"] = float(gn)
+                self.optimizer.step()
+                tokens += int(mb.attention_mask.sum())
+                for k, v in s.items():
+                    stats.setdefault(k, []).append(v)
+        self.model.eval()
+        secs = time.perf_counter() - t0
+        out = {f"train/{k}": float(np.mean(v)) for k, v in stats.items()}
+        out["train/trained_episodes"] = float(batch.size)
+        out["train/tokens_per_s"] = tokens / secs if secs > 0 else 0.0
+        return out
+
+    # -- the run ------------------------------------------------------------------------------------
+
+    def train(self) -> dict[str, Any]:
+        cfg = self.cfg
+        t_start = time.perf_counter()
+        self.monitor.say(f"policy: {self.policy.num_parameters:,} parameters; assigner: {cfg.algo}; {cfg.updates} updates of "
+                         f"{cfg.rollout.groups}x{cfg.rollout.group_size} episodes on {cfg.env.id}")
+        warm = evaluate(cfg, self.policy, cfg.rollout.sampling, self.max_context)
+        self.monitor.say(f"warm start: held-out pass rate {warm.pass_rate:.3f} over {warm.episodes} episodes")
+        self.monitor.log({"step": 0, **warm.metrics()})
+        last_eval = warm
+        for update in range(1, cfg.updates + 1):
+            t0 = time.perf_counter()
+            episodes, metrics = self.collect(update)
+            t_roll = time.perf_counter() - t0
+            batch = make_batch(episodes, self.policy.chat.pad_id)
+            fit_metrics = self.assigner.fit(batch)
+            credit = self.assigner.assign(batch)
+            metrics.update({f"credit/{k}": v for k, v in {**fit_metrics, **credit.metrics}.items()})
+            metrics.update(self.optimize(batch, credit))
+            metrics["time/rollout_s"] = t_roll
+            metrics["time/update_s"] = time.perf_counter() - t0
+            if cfg.eval.every and update % cfg.eval.every == 0 and update != cfg.updates:
+                last_eval = evaluate(cfg, self.policy, cfg.rollout.sampling, self.max_context)
+                metrics.update(last_eval.metrics())
+            self.monitor.log({"step": update, **metrics})
+        final = evaluate(cfg, self.policy, cfg.rollout.sampling, self.max_context) if cfg.updates else last_eval
+        self.monitor.log({"step": cfg.updates, **final.metrics(), "final": True})
+        ckpt = self.out / "checkpoint"
+        self.accelerator.unwrap_model(self.model).save_pretrained(ckpt)
+        self.policy.tokenizer.save_pretrained(ckpt)
+        summary = {
+            "algo": cfg.algo,
+            "env": cfg.env.id,
+            "env_kwargs": cfg.env.kwargs,
+            "updates": cfg.updates,
+            "seed": cfg.seed,
+            "warm_start_pass_rate": warm.pass_rate,
+            "final_pass_rate": final.pass_rate,
+            "improvement": final.pass_rate - warm.pass_rate,
+            "eval_episodes": final.episodes,
+            "eval_seeds": [cfg.eval.seed_offset, cfg.eval.seed_offset + cfg.eval.episodes - 1],
+            "parameters": self.policy.num_parameters,
+            "warm_start_dir": str(self.warm_start_dir) if self.warm_start_dir else None,
+            "checkpoint": str(ckpt),
+            "wall_s": time.perf_counter() - t_start,
+        }
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        self.monitor.close(summary)
+        return summary
+
+
+def _groups(episodes: list[Episode]) -> list[list[Episode]]:
+    out: dict[int, list[Episode]] = {}
+    for e in episodes:
+        out.setdefault(e.group_id, []).append(e)
+    return list(out.values())
+
+
+def train(cfg: TrainConfig) -> dict[str, Any]:
+    return Trainer(cfg).train()
+
+
+__all__ = ["EpisodeErrors", "EvalResult", "Trainer", "evaluate", "train"]

@@ -1,0 +1,210 @@
+"""The verifier probe: what does an environment's verifier wrongly accept?
+
+>>> result = run_verifier_probe("agentrl/Math-v0", seeds=(0,))
+>>> result.ok, result.wrongly_accepted
+(True, [])
+
+For each seed it resets the environment, submits adversarial answers through the environment's
+own submit tool, and records the terminal reward. Generic attacks (derived from the reference
+answer and the prompt): an empty answer, a format-only answer, the prompt echoed back, code that
+compiles and does nothing, a correct-looking answer with wrong content, an over-long answer,
+several answers at once, and unicode look-alikes. An environment adds its own (type confusions
+where equality is right and where it is not, harness attacks) with ``probe_attacks() ->
+{name: (answer, should_accept)}``; the same name replaces a generic attack, and
+``should_accept=None`` marks a row as information only (a mutant that may be equivalent). It must provide
+``probe_reference()`` (the correct answer, which must be accepted, or the probe is meaningless).
+
+Leaks: the scripted expert plays one episode and every observation before it submits is searched
+for ``probe_secrets()`` (``[(text, scope)]``, scope ``"prompt"`` or ``"all"``): a hit means the
+policy could read the answer, a training bug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrl.core import AgentEnv, EnvError, make, parse_tool_calls
+
+__all__ = ["ProbeResult", "ProbeRow", "add_cli", "generic_attacks", "print_result", "run_verifier_probe"]
+
+_LOOKALIKE = str.maketrans({"0": "O", "1": "l", "3": "З", "5": "Ƽ", "a": "а", "e": "е", "o": "о", "c": "с", "p": "р", "x": "х", "i": "і"})
+
+
+@dataclass(frozen=True)
+class ProbeRow:
+    attack: str
+    seed: int
+    should_accept: bool | None  # None: informational (e.g. a mutant that may be equivalent)
+    reward: float
+    note: str = ""
+
+    @property
+    def accepted(self) -> bool:
+        return self.reward > 0.0
+
+    @property
+    def wrongly_accepted(self) -> bool:
+        return self.accepted and self.should_accept is False
+
+    @property
+    def wrongly_rejected(self) -> bool:
+        return not self.accepted and self.should_accept is True
+
+
+@dataclass
+class ProbeResult:
+    env_id: str
+    rows: list[ProbeRow] = field(default_factory=list)
+    leaks: list[str] = field(default_factory=list)
+
+    @property
+    def wrongly_accepted(self) -> list[ProbeRow]:
+        return [r for r in self.rows if r.wrongly_accepted]
+
+    @property
+    def wrongly_rejected(self) -> list[ProbeRow]:
+        return [r for r in self.rows if r.wrongly_rejected]
+
+    @property
+    def ok(self) -> bool:
+        """Nothing wrong was accepted and no answer leaked (wrong rejections are warnings)."""
+        return not self.wrongly_accepted and not self.leaks
+
+
+def _perturb(ref: str) -> str:
+    """A correct-looking answer with wrong content: the last integer changed, else a character."""
+    m = list(re.finditer(r"\d+", ref))
+    if m:
+        last = m[-1]
+        return ref[: last.start()] + str(int(last.group()) + 1) + ref[last.end():]
+    return ref[:-1] + ("x" if not ref.endswith("x") else "y") if ref else "x"
+
+
+def generic_attacks(reference: str, prompt: str) -> dict[str, tuple[str, bool]]:
+    """Attacks every verifier must reject, built from the reference answer and the prompt."""
+    wrong = _perturb(reference)
+    attacks = {
+        "empty answer": ("", False),
+        "format only": ("<answer></answer>", False),
+        "prompt echoed back": (prompt, False),
+        "compiles, does nothing": ("pass", False),
+        "correct-looking, wrong content": (wrong, False),
+        "over-long answer": (wrong + " " + "9" * 100_000, False),
+        "several answers at once": (f"{wrong}\n{reference}", False),
+    }
+    lookalike = reference.translate(_LOOKALIKE)
+    if lookalike != reference:
+        attacks["unicode look-alikes"] = (lookalike, False)
+    return attacks
+
+
+def _submit_action(env: AgentEnv, answer: str) -> str:
+    if hasattr(env, "probe_submit"):
+        return env.probe_submit(answer)
+    tool = env._tools.get("submit")
+    if tool is None:
+        raise TypeError(f"{env.name}: the verifier probe needs a `submit` tool or a probe_submit(answer) method")
+    fields = list(tool.params.model_fields)
+    if len(fields) != 1:
+        raise TypeError(f"{env.name}: submit takes {fields}; define probe_submit(answer) to say how to submit one answer")
+    return "<tool_call>" + json.dumps({"name": "submit", "arguments": {fields[0]: answer}}) + "</tool_call>"
+
+
+def _leaks(env: AgentEnv, seed: int, max_turns: int = 32) -> list[str]:
+    if not hasattr(env, "probe_secrets"):
+        return []
+    found = []
+    obs, _ = env.reset(seed=seed)
+    secrets = env.probe_secrets()
+    seen = [("prompt", obs)]
+    for _ in range(max_turns):
+        action = env.expert_action(0.0)
+        calls = parse_tool_calls(action)
+        if any(c.name == "submit" for c in calls):
+            break
+        obs, _, terminated, truncated, _ = env.step(action)
+        seen.append(("all", obs))
+        if terminated or truncated:
+            break
+    for text, scope in secrets:
+        for where, o in seen:
+            if text and text in o and (scope == "all" or where == "prompt"):
+                found.append(f"seed {seed}: {text[:60]!r} appears in the {'prompt' if where == 'prompt' else 'observation of a tool'}")
+                break
+    return found
+
+
+def run_verifier_probe(env_id: str | AgentEnv, seeds: Sequence[int] = (0, 1, 2), env_kwargs: dict[str, Any] | None = None) -> ProbeResult:
+    """Run the adversarial battery against `env_id`'s verifier (a registered id, ``module:Class``,
+    or an env instance). Raises `EnvError` if the verifier itself fails."""
+    env = make(env_id, **(env_kwargs or {})) if isinstance(env_id, str) else env_id
+    for hook in ("probe_reference",):
+        if not hasattr(env, hook):
+            raise TypeError(f"{env.name}: the verifier probe needs {hook}() (the correct answer of the current episode)")
+    result = ProbeResult(env.name)
+    for seed in seeds:
+        prompt, _ = env.reset(seed=seed)
+        reference = env.probe_reference()
+        attacks = {"reference answer": (reference, True), **generic_attacks(reference, prompt)}
+        if hasattr(env, "probe_attacks"):
+            attacks.update(env.probe_attacks())
+        for name, (answer, should_accept) in attacks.items():
+            env.reset(seed=seed)
+            _, reward, terminated, truncated, _ = env.step(_submit_action(env, answer))
+            note = "" if terminated or truncated else "submit did not end the episode"
+            result.rows.append(ProbeRow(name, seed, should_accept, float(reward), note))
+        result.leaks += _leaks(env, seed)
+    return result
+
+
+def print_result(result: ProbeResult) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"verifier probe: {result.env_id}")
+    for col in ("attack", "should", "accepted (seeds)", "verdict"):
+        table.add_column(col)
+    by_attack: dict[str, list[ProbeRow]] = {}
+    for r in result.rows:
+        by_attack.setdefault(r.attack, []).append(r)
+    for name, rows in by_attack.items():
+        n_acc = sum(r.accepted for r in rows)
+        should = {True: "accept", False: "reject", None: "(info)"}[rows[0].should_accept]
+        if any(r.wrongly_accepted for r in rows):
+            verdict = "[bold red]WRONGLY ACCEPTED[/]"
+        elif any(r.wrongly_rejected for r in rows):
+            verdict = "[yellow]wrongly rejected[/]"
+        elif rows[0].should_accept is None and n_acc:
+            verdict = "[yellow]accepted: tests may be weak (or the variant is equivalent)[/]"
+        else:
+            verdict = "[green]ok[/]"
+        table.add_row(name, should, f"{n_acc}/{len(rows)}", verdict)
+    console = Console()
+    console.print(table)
+    for leak in result.leaks:
+        console.print(f"[bold red]LEAK (training bug):[/] {leak}")
+    console.print("[green]nothing wrongly accepted[/]" if result.ok else f"[bold red]{len(result.wrongly_accepted)} wrongly accepted, {len(result.leaks)} leaks[/]")
+
+
+def _cli(args: argparse.Namespace) -> int:
+    try:
+        result = run_verifier_probe(args.env, seeds=tuple(range(args.seeds)))
+    except (EnvError, TypeError, ValueError) as e:
+        print(f"verify-probe: {e}")
+        return 2
+    print_result(result)
+    return 0 if result.ok else 1
+
+
+def add_cli(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``verify-probe``; the handler is in ``func`` and returns the exit status."""
+    p = subparsers.add_parser("verify-probe", help="run adversarial answers against an environment's verifier")
+    p.add_argument("--env", required=True, help="environment id (agentrl/Code-v0) or module:Class")
+    p.add_argument("--seeds", type=int, default=3, help="episodes (seeds 0..N-1) to attack; each seed is a different task")
+    p.set_defaults(func=_cli)
+    return p

@@ -1,0 +1,136 @@
+"""agentrl/SQL-v0: a seeded SQLite database, a question, a query tool, and a submit tool.
+
+>>> env = SQLEnv()
+>>> obs, info = env.reset(seed=1)
+>>> _ = env.step(env.expert_action())            # look at the data with the gold query
+>>> env.step(env.expert_action())[1]             # submit it
+1.0
+
+The reward compares the rows of the submitted query with the gold query's rows on the same
+database (`agentrl.verify.sql`): order matters only when the question asks for an order, and
+duplicates count. The query tool shows at most `show_rows` rows, and says how many it left out.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import gymnasium
+
+from agentrl.core import AgentEnv
+from agentrl.verify.sql import QueryError, SQLTask, SQLVerifier, connect, run_query
+
+FIRST = ["Ada", "Bo", "Cal", "Dot", "Eve", "Fin", "Gus", "Hal", "Ivy", "Jo", "Kai", "Lu"]
+DEPTS = ["eng", "ops", "sales"]
+
+
+class SQLEnv(AgentEnv):
+    """Answer a question about a small company database with one SELECT query."""
+
+    system_prompt = "Answer the question with one SQLite SELECT query. Try queries with `query`, then `submit` one."
+    max_turns = 4
+
+    def __init__(self, max_turns: int | None = None, n_rows: int = 8, show_rows: int = 5):
+        super().__init__(max_turns=max_turns)
+        self.n_rows = n_rows
+        self.show_rows = show_rows
+        self.verifier = SQLVerifier()
+
+    def query(self, sql: str) -> str:
+        """Run a SELECT query on the database and see (some of) its rows."""
+        try:
+            cols, rows = run_query(self._con, sql, max_rows=1000)
+        except QueryError as e:
+            return f"error: {str(e)[:120]}"
+        shown = "; ".join(", ".join(str(v) for v in r) for r in rows[: self.show_rows])
+        more = f" (+{len(rows) - self.show_rows} more rows not shown)" if len(rows) > self.show_rows else ""
+        return f"{len(rows)} rows: {shown}{more}"[:300]
+
+    def submit(self, sql: str) -> str:
+        """Submit your final query. Ends the episode."""
+        self.submitted = sql
+        self.finish()
+        return "submitted"
+
+    tools = [query, submit]
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        rng = self.np_random
+        names = list(rng.permutation(FIRST)[: self.n_rows])
+        rows = [(i + 1, str(n), DEPTS[int(rng.integers(3))], int(rng.integers(3, 13)) * 10, int(rng.integers(20, 60))) for i, n in enumerate(names)]
+        values = ", ".join(f"({i}, '{n}', '{d}', {s}, {a})" for i, n, d, s, a in rows)
+        schema = f"CREATE TABLE emp(id INTEGER PRIMARY KEY, name TEXT, dept TEXT, salary INTEGER, age INTEGER); INSERT INTO emp VALUES {values};"
+        question, gold = self._question(rng, rows)
+        self.task = SQLTask(schema=schema, gold=gold, question=question, task_id=f"sql-{seed}")
+        if hasattr(self, "_con"):
+            self._con.close()
+        self._con = connect(schema)
+        self.submitted: str | None = None
+        obs = f"Table emp(id, name, dept, salary, age), {len(rows)} rows; dept is one of eng, ops, sales.\nQuestion: {question}"
+        return obs, {"task_id": self.task.task_id}
+
+    @staticmethod
+    def _question(rng: Any, rows: list[tuple[Any, ...]]) -> tuple[str, str]:
+        kind = int(rng.integers(5))
+        dept = DEPTS[int(rng.integers(3))]
+        sal = int(rng.integers(4, 12)) * 10
+        age = int(rng.integers(25, 50))
+        if kind == 0:
+            return f"List the names of the people in {dept}.", f"SELECT name FROM emp WHERE dept = '{dept}'"
+        if kind == 1:
+            return f"How many people earn more than {sal}?", f"SELECT COUNT(*) FROM emp WHERE salary > {sal}"
+        if kind == 2:
+            return f"What is the highest salary in {dept}?", f"SELECT MAX(salary) FROM emp WHERE dept = '{dept}'"
+        if kind == 3:
+            return f"List the names of people older than {age}, youngest first.", f"SELECT name FROM emp WHERE age > {age} ORDER BY age, id"
+        return "For each dept, give the dept and its number of people.", "SELECT dept, COUNT(*) FROM emp GROUP BY dept"
+
+    def verify(self) -> float:
+        if self.submitted is None:
+            return 0.0
+        return self.verifier(self.task, self.submitted).score
+
+    def expert_action(self, noise: float = 0.0) -> str:
+        rng = self.np_random
+        if noise > 0 and rng.random() < noise / 2:
+            return "SELECT name FROM emp" if rng.random() < 0.5 else '<tool_call>{"name": "query"}'
+        if self.turn == 0:
+            return _call("query", sql=self.task.gold)
+        sql = self.task.gold
+        if noise > 0 and rng.random() < noise / 2:
+            sql = sql.replace(" > ", " >= ").replace("'eng'", "'ops'") if (" > " in sql or "'eng'" in sql) else sql + " LIMIT 1"
+        return _call("submit", sql=sql)
+
+    # -- verifier probe hooks ---------------------------------------------------------------
+
+    def probe_reference(self) -> str:
+        return self.task.gold
+
+    def probe_attacks(self) -> dict[str, tuple[str, bool]]:
+        gold = self.task.gold
+        cols = gold.split("FROM")[0].removeprefix("SELECT").strip()
+        attacks = {
+            "every row": ("SELECT * FROM emp", False),
+            "no rows": (f"{gold.split(' ORDER BY')[0]} LIMIT 0", False),
+            "right columns, no filter": (f"SELECT {cols} FROM emp" + (" GROUP BY dept" if "GROUP BY" in gold else ""), False),
+            "two statements": (f"{gold}; DROP TABLE emp", False),
+            "writes the database": ("DELETE FROM emp", False),
+            "attaches a file": ("ATTACH DATABASE '/tmp/agentrl-probe.db' AS x", False),
+            "reference, lower case keywords": (gold.replace("SELECT", "select").replace("FROM", "from"), True),
+        }
+        for agg in ("COUNT(*)", "MAX(salary)"):
+            if agg in gold:  # the number as text: '3' is not 3
+                attacks["type: number as text"] = (gold.replace(agg, f"CAST({agg} AS TEXT)"), False)
+        return attacks
+
+    def probe_secrets(self) -> list[tuple[str, str]]:
+        return [(self.task.gold, "all")]
+
+
+def _call(name: str, **arguments: Any) -> str:
+    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+
+
+gymnasium.register(id="agentrl/SQL-v0", entry_point="agentrl.envs.sql:SQLEnv", kwargs={})
