@@ -129,7 +129,7 @@ class Tool:
 
     @classmethod
     def from_model(cls, model: type[BaseModel]) -> Tool:
-        if not callable(getattr(model, "__call__", None)) or "__call__" not in vars(model):
+        if "__call__" not in vars(model):
             raise TypeError(f"tool model {model.__name__} must define __call__(self, env) -> str")
         name = re.sub(r"(?<!^)(?=[A-Z])", "_", model.__name__).lower()
         return cls(name, inspect.getdoc(model) or "", model, model.__call__, takes_env=True)

@@ -48,13 +48,13 @@ TINY_CHAT_TEMPLATE = (
 
 
 class TinyModelConfig(BaseModel):
-    """The built-in policy's size: ~0.5M parameters, big enough to learn Vault's sums by SFT in a
+    """The built-in policy's size: ~0.25M parameters, big enough to learn Vault's sums by SFT in a
     couple of minutes on 2 CPU cores, small enough that a rollout batch of 64 is fast."""
 
     model_config = ConfigDict(extra="forbid")
 
-    hidden_size: int = Field(128, ge=8)
-    intermediate_size: int = Field(384, ge=8)
+    hidden_size: int = Field(96, ge=8)
+    intermediate_size: int = Field(256, ge=8)
     num_hidden_layers: int = Field(2, ge=1)
     num_attention_heads: int = Field(4, ge=1)
     num_key_value_heads: int = Field(2, ge=1)
@@ -62,13 +62,9 @@ class TinyModelConfig(BaseModel):
     vocab_size: int = Field(1024, ge=300, description="BPE target size; the trainer stops early when the corpus has no more merges.")
 
 
-def build_tiny_policy(corpus: Iterable[str], out_dir: str | Path, cfg: TinyModelConfig | None = None, seed: int = 0) -> Path:
-    """Train a byte-level BPE tokenizer on `corpus`, build a tiny Llama, save both to `out_dir`."""
+def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained on `corpus`, with ChatML special tokens and template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    cfg = cfg or TinyModelConfig()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
 
     tok = Tokenizer(models.BPE())
     # Digits one by one: a code like 12 must be composed from what the clue says, not memorised
@@ -80,18 +76,24 @@ def build_tiny_policy(corpus: Iterable[str], out_dir: str | Path, cfg: TinyModel
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=cfg.vocab_size,
+        vocab_size=vocab_size,
         special_tokens=SPECIAL_TOKENS + TOOL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer=trainer)
-    hf_tok = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>"
-    )
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     hf_tok.chat_template = TINY_CHAT_TEMPLATE
-    hf_tok.save_pretrained(out)
+    return hf_tok
 
+
+def build_tiny_policy(corpus: Iterable[str], out_dir: str | Path, cfg: TinyModelConfig | None = None, seed: int = 0) -> Path:
+    """Train a tokenizer on `corpus`, build a tiny Llama around it, save both to `out_dir`."""
+    cfg = cfg or TinyModelConfig()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    hf_tok = build_tokenizer(corpus, cfg.vocab_size)
+    hf_tok.save_pretrained(out)
     torch.manual_seed(seed)
     model_cfg = LlamaConfig(
         vocab_size=len(hf_tok),

@@ -32,7 +32,7 @@ class VaultEnv(AgentEnv):
 
     system_prompt = "Open the vault."
 
-    def __init__(self, locks: int = 3, slack: int = 2, max_operand: int = 4):
+    def __init__(self, locks: int = 3, slack: int = 1, max_operand: int = 4):
         if not 1 <= locks <= 32:
             raise ValueError(f"Vault: locks must be between 1 and 32, got {locks}")
         if slack < 0:
@@ -88,21 +88,23 @@ class VaultEnv(AgentEnv):
         return (self.opened, self.clue_read)
 
     def expert_action(self, noise: float = 0.0) -> str:
-        """Read the clue, then open with the sum. With probability `noise` per turn the expert
-        slips: it opens without reading the clue, or opens with a wrong code."""
+        """Read the clue, then open with the sum. With probability `noise` at each lock-turn where
+        the clue is still unread, the expert slips: it guesses a code without reading the clue
+        (almost always wrong: a wasted turn). Its code after reading a clue is always right, so
+        demonstrations teach the sums cleanly and the mistake left for RL to remove is a choice
+        of turn, the kind outcome-only reward hides."""
         lock = self.opened + 1
-        slip = noise > 0 and self.np_random.random() < noise
-        if not self.clue_read and not slip:
-            return _call("clue", lock=lock)
         code = sum(self.clues[self.opened])
-        if slip:
-            wrong = [c for c in range(2, 2 * self.max_operand + 1) if c != code] or [code + 1]
-            code = int(self.np_random.choice(wrong))
-        return _call("open", lock=lock, code=code)
+        if self.clue_read:
+            return _call("open", lock=lock, code=code)
+        if noise > 0 and self.np_random.random() < noise:
+            wrong = [c for c in range(2, 2 * self.max_operand + 1) if c != code]
+            return _call("open", lock=lock, code=int(self.np_random.choice(wrong)))
+        return _call("clue", lock=lock)
 
 
 def _call(name: str, **arguments) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
-gymnasium.register(id="agentrl/Vault-v0", entry_point="agentrl.envs.vault:VaultEnv", kwargs={"locks": 3, "slack": 2})
+gymnasium.register(id="agentrl/Vault-v0", entry_point="agentrl.envs.vault:VaultEnv", kwargs={"locks": 3, "slack": 1})

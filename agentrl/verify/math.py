@@ -85,10 +85,10 @@ class MathVerifier:
         timeout = 5 if threading.current_thread() is threading.main_thread() else None
         configs = [LatexExtractionConfig(), ExprExtractionConfig()]
         gold = parse(f"${gold_text}$", extraction_config=configs, parsing_timeout=timeout)
-        if not gold:
+        if not any(not isinstance(g, str) for g in gold):  # only the raw-string fallback: nothing parsed
             raise VerifierError(f"math verifier, task {task.task_id or task.question[:40]!r}: the reference answer {task.answer!r} does not parse")
         pred = parse(f"${text}$", extraction_config=configs, parsing_timeout=timeout)
-        if not pred:
+        if not any(not isinstance(p, str) for p in pred):
             return Verdict(0.0, f"could not read {text[:40]!r} as a number or expression")
         ok = verify(gold, pred, float_rounding=self.float_rounding, timeout_seconds=timeout)
         if ok:

@@ -21,6 +21,8 @@ What each run gets, and why:
   ``max_processes``. After the run every process of that uid is killed (``kill(-1)`` from that uid),
   which also catches children that left the process group with ``setsid``.
 - **its own network namespace** (no interfaces but a downed loopback): no connection can be made.
+- **its own PID namespace** (and /proc): it sees no other process, and when its first process
+  exits the kernel kills and reaps every process it left behind (no zombies, no orphans).
 - **its own mount namespace** with a fresh, size-limited tmpfs as ``/tmp`` (its cwd and ``HOME``) and
   the other world-writable directories (``/var/tmp``, ``/dev/shm``, ``/run/lock``) covered read-only,
   so that the tmpfs is the only place it can write (everything else belongs to other users).
@@ -52,7 +54,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 __all__ = [
     "Isolation",
@@ -71,6 +73,7 @@ __all__ = [
 _HARNESS = (Path(__file__).with_name("_harness.py")).read_text()
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWNET = 0x40000000
+_CLONE_NEWPID = 0x20000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_BIND, _MS_REC, _MS_PRIVATE = 0x1000, 0x4000, 1 << 18
 _SHARED_WRITABLE = ("/var/tmp", "/dev/shm", "/run/lock", "/var/lock", "/dev/mqueue")
@@ -133,6 +136,7 @@ class TestCase:
     name: str
     code: str
     setup: bool = False
+    __test__: ClassVar[bool] = False  # not a pytest class
 
 
 @dataclass(frozen=True)
@@ -189,6 +193,7 @@ class _Caps:
     setuid: bool
     netns: bool
     mountns: bool
+    pidns: bool
     reasons: tuple[str, ...]
 
 
@@ -223,7 +228,7 @@ def probe_capabilities(refresh: bool = False) -> _Caps:
         reasons = []
         root = os.geteuid() == 0
         if not sys.platform.startswith("linux"):
-            _caps = _Caps(root, False, False, False, (f"namespaces need Linux, this is {sys.platform}",))
+            _caps = _Caps(root, False, False, False, False, (f"namespaces need Linux, this is {sys.platform}",))
             return _caps
         libc = _load_libc()
 
@@ -242,6 +247,10 @@ def probe_capabilities(refresh: bool = False) -> _Caps:
         mountns = why is None
         if why:
             reasons.append(f"no mount namespace (unshare(CLONE_NEWNS) failed: {why})")
+        why = _try_child(unshare(_CLONE_NEWPID))
+        pidns = why is None
+        if why:
+            reasons.append(f"no PID namespace (unshare(CLONE_NEWPID) failed: {why}); orphans are killed by uid instead")
         setuid = False
         if root:
             uid = _UID_LO
@@ -257,7 +266,7 @@ def probe_capabilities(refresh: bool = False) -> _Caps:
                 reasons.append(f"cannot switch to an unprivileged uid ({why})")
         else:
             reasons.append("not running as root: the run shares this user's uid, so RLIMIT_NPROC counts all its processes")
-        _caps = _Caps(root, setuid, netns, mountns, tuple(reasons))
+        _caps = _Caps(root, setuid, netns, mountns, pidns, tuple(reasons))
         return _caps
 
 
@@ -444,7 +453,8 @@ class LocalSandbox:
             (resource.RLIMIT_CORE, (0, 0)),
         ]
         mount_ns = caps.mountns and uid is not None  # both roles: the interpreter must be reachable
-        flags = (_CLONE_NEWNET if (untrusted and caps.netns) else 0) | (_CLONE_NEWNS if mount_ns else 0)
+        pid_ns = untrusted and mount_ns and caps.pidns
+        flags = (_CLONE_NEWNET if (untrusted and caps.netns) else 0) | (_CLONE_NEWNS if mount_ns else 0) | (_CLONE_NEWPID if pid_ns else 0)
         libc = _load_libc() if flags else None
         tmpfs_opts = f"size={lim.disk_mb}m,mode=0700,uid={uid},gid={uid}".encode()
         covered = [p.encode() for p in _SHARED_WRITABLE if os.path.isdir(p) and not os.path.islink(p)] if private_fs else []
@@ -474,6 +484,14 @@ class LocalSandbox:
                 mount(b"tmpfs", b"/tmp", b"tmpfs", _MS_NOSUID | _MS_NODEV, tmpfs_opts, "mount a private /tmp")
                 for path in covered:
                     mount(b"tmpfs", path, b"tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, b"size=4k,mode=0755", "cover a shared writable directory")
+            if pid_ns:
+                # The process Popen started stays outside as a small monitor; its child is pid 1 of a
+                # fresh PID namespace and runs the code. When pid 1 dies the kernel kills and reaps
+                # everything else in the namespace: no orphan or zombie outlives the run.
+                child = os.fork()
+                if child:
+                    _monitor(child)
+                mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None, "mount /proc of the new PID namespace")
             for res, val in rlimits:
                 resource.setrlimit(res, val)
             if uid is not None:
@@ -570,8 +588,12 @@ class LocalSandbox:
 
     @staticmethod
     def _reap(procs: list[_Proc]) -> None:
-        """Kill every process the run started (process groups, then every process of its uid)."""
+        """Kill every process the run started: first every process of its uid (which, with a PID
+        namespace, is its pid 1: the kernel then kills the rest), then the process group; then
+        wait, so that the monitor reaps pid 1 and nothing is left, not even a zombie."""
         for p in procs:
+            if p.uid is not None:
+                _kill_uid(p.uid)
             _killpg(p.popen.pid)
         for p in procs:
             try:
@@ -591,6 +613,26 @@ class LocalSandbox:
                 shutil.rmtree(p.workdir, ignore_errors=True)
 
 
+def _monitor(child: int) -> None:
+    """In the forked monitor: wait for `child`, then exit the same way it did. Never returns."""
+    try:
+        os.closerange(3, 1 << 16)  # incl. subprocess's exec-error pipe: the child reports for itself
+        while True:
+            try:
+                _, status = os.waitpid(child, 0)
+                break
+            except InterruptedError:
+                continue
+        code = os.waitstatus_to_exitcode(status)
+        if code < 0:
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            signal.signal(-code, signal.SIG_DFL)
+            os.kill(os.getpid(), -code)
+        os._exit(code if code >= 0 else 128 - code)
+    finally:
+        os._exit(1)
+
+
 def _killpg(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -606,7 +648,11 @@ def _hidden_ancestors(python: str) -> dict[str, list[str]]:
         parts = Path(target).parts
         for i in range(2, len(parts)):
             parent = str(Path(*parts[:i]))
-            if not os.stat(parent).st_mode & 0o001:
+            try:
+                mode = os.stat(parent).st_mode
+            except OSError:
+                break  # a missing interpreter is reported when the run starts
+            if not mode & 0o001:
                 child = str(Path(*parts[: i + 1]))
                 if child not in out.setdefault(parent, []):
                     out[parent].append(child)

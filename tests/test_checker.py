@@ -1,0 +1,63 @@
+"""check_env over every built-in environment, and on environments that break the contract."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+
+import agentrl.envs  # noqa: F401  (registers the built-ins)
+from agentrl.checker import check_env
+from agentrl.cli import main
+from agentrl.core import AgentEnv
+
+BUILT_IN = sorted(k for k in gym.registry if k.startswith("agentrl/"))
+
+
+@pytest.mark.parametrize("env_id", BUILT_IN)
+def test_every_built_in_env_passes(env_id):
+    failed = [(r.name, r.message) for r in check_env(env_id) if not r.ok]
+    assert failed == []
+
+
+def test_vault_at_every_horizon_knob_value_passes():
+    for locks in (1, 8, 32):
+        assert all(r.ok for r in check_env("agentrl/Vault-v0", locks=locks))
+
+
+class Sloppy(AgentEnv):
+    """Non-deterministic (ignores the seed), never truncates, reward not a float."""
+
+    max_turns = 2
+
+    def poke(self) -> str:
+        """Poke."""
+        import random
+
+        return str(random.random())
+
+    tools = [poke]
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        import random
+
+        return f"start {random.random()}", {}
+
+    def verify(self):
+        return 0.0
+
+    def step(self, action):
+        obs, r, term, trunc, info = super().step(action)
+        return obs, int(r), term, False, info
+
+
+def test_broken_env_fails_the_right_checks():
+    failed = {r.name for r in check_env(Sloppy) if not r.ok}
+    assert {"determinism", "step", "turn_budget_truncates"} <= failed
+
+
+def test_cli_check_env(capsys):
+    assert main(["check-env", "agentrl/Vault-v0", "--kw", "locks=2"]) == 0
+    assert main(["check-env", "test_checker:Sloppy"]) == 1
+    assert "FAIL" in capsys.readouterr().out
+    assert main(["check-env", "no_such_module:Env"]) == 2
