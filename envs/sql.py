@@ -62,11 +62,19 @@ class SQLEnv(AgentEnv):
         rows = [(i + 1, str(n), DEPTS[int(rng.integers(3))], int(rng.integers(3, 13)) * 10, int(rng.integers(20, 60))) for i, n in enumerate(names)]
         values = ", ".join(f"({i}, '{n}', '{d}', {s}, {a})" for i, n, d, s, a in rows)
         schema = f"CREATE TABLE emp(id INTEGER PRIMARY KEY, name TEXT, dept TEXT, salary INTEGER, age INTEGER); INSERT INTO emp VALUES {values};"
-        question, gold = self._question(rng, rows)
-        self.task = SQLTask(schema=schema, gold=gold, question=question, task_id=f"sql-{seed}")
         if hasattr(self, "_con"):
             self._con.close()
         self._con = connect(schema)
+        for _ in range(100):
+            # A filter that keeps every row (or none), or a MAX that the other rows share, makes a
+            # degenerate task that a wrong query also solves; the verifier probe found these.
+            # Redraw until the filter matters.
+            question, gold = self._question(rng, rows)
+            _, want = run_query(self._con, gold)
+            others = [sorted(map(repr, run_query(self._con, q)[1])) for q in (_without_filter(gold), _negated(gold)) if q != gold]
+            if want and all(v not in (0, None) for r in want for v in r) and sorted(map(repr, want)) not in others:
+                break
+        self.task = SQLTask(schema=schema, gold=gold, question=question, task_id=f"sql-{seed}")
         self.submitted: str | None = None
         obs = f"Table emp(id, name, dept, salary, age), {len(rows)} rows; dept is one of eng, ops, sales.\nQuestion: {question}"
         return obs, {"task_id": self.task.task_id}
@@ -100,7 +108,7 @@ class SQLEnv(AgentEnv):
             return _call("query", sql=self.task.gold)
         sql = self.task.gold
         if noise > 0 and rng.random() < noise / 2:
-            sql = sql.replace(" > ", " >= ").replace("'eng'", "'ops'") if (" > " in sql or "'eng'" in sql) else sql + " LIMIT 1"
+            sql = _negated(sql)  # the condition backwards: surely other rows (the task generator checks)
         return _call("submit", sql=sql)
 
     # -- verifier probe hooks ---------------------------------------------------------------
@@ -110,11 +118,11 @@ class SQLEnv(AgentEnv):
 
     def probe_attacks(self) -> dict[str, tuple[str, bool]]:
         gold = self.task.gold
-        cols = gold.split("FROM")[0].removeprefix("SELECT").strip()
         attacks = {
             "every row": ("SELECT * FROM emp", False),
             "no rows": (f"{gold.split(' ORDER BY')[0]} LIMIT 0", False),
-            "right columns, no filter": (f"SELECT {cols} FROM emp" + (" GROUP BY dept" if "GROUP BY" in gold else ""), False),
+            "right columns, no filter": (_without_filter(gold), _without_filter(gold) == gold),
+            "correct-looking, wrong content": (_negated(gold), False),
             "two statements": (f"{gold}; DROP TABLE emp", False),
             "writes the database": ("DELETE FROM emp", False),
             "attaches a file": ("ATTACH DATABASE '/tmp/agentrl-probe.db' AS x", False),
@@ -127,6 +135,21 @@ class SQLEnv(AgentEnv):
 
     def probe_secrets(self) -> list[tuple[str, str]]:
         return [(self.task.gold, "all")]
+
+
+def _without_filter(gold: str) -> str:
+    """The gold query minus its WHERE clause: what a policy that ignores the question submits."""
+    cols = gold.split(" FROM ")[0].removeprefix("SELECT").strip()
+    return f"SELECT {cols} FROM emp" + (" GROUP BY dept" if "GROUP BY" in gold else "")
+
+
+def _negated(gold: str) -> str:
+    """The gold query with its condition negated (or its count off by one): surely other rows."""
+    if " WHERE " in gold:
+        head, _, cond = gold.partition(" WHERE ")
+        cond, order, rest = cond.partition(" ORDER BY ")
+        return f"{head} WHERE NOT ({cond})" + (f" ORDER BY {rest}" if order else "")
+    return gold.replace("COUNT(*)", "COUNT(*) + 1")
 
 
 def _call(name: str, **arguments: Any) -> str:

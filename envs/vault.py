@@ -90,16 +90,26 @@ class VaultEnv(AgentEnv):
     def expert_action(self, noise: float = 0.0) -> str:
         """Read the clue, then open with the sum. With probability `noise` at each lock-turn where
         the clue is still unread, the expert slips: it guesses a code without reading the clue
-        (almost always wrong: a wasted turn). Its code after reading a clue is always right, so
+        (almost always wrong: a wasted turn). With probability `noise / 5` on any turn it garbles
+        the call (an error observation, then it carries on), so that demonstrations also show how
+        to recover from an error message. Its code after reading a clue is always right, so
         demonstrations teach the sums cleanly and the mistake left for RL to remove is a choice
         of turn, the kind outcome-only reward hides."""
+        rng = self.np_random
         lock = self.opened + 1
         code = sum(self.clues[self.opened])
+        if noise > 0 and rng.random() < noise / 5:
+            garbled = [
+                _call("opne", lock=lock, code=code),  # unknown tool
+                _call("clue", door=lock),  # bad argument
+                _call("open", lock=lock, code=code)[:-14],  # unclosed call
+            ]
+            return garbled[int(rng.integers(len(garbled)))]
         if self.clue_read:
             return _call("open", lock=lock, code=code)
-        if noise > 0 and self.np_random.random() < noise:
+        if noise > 0 and rng.random() < noise:
             wrong = [c for c in range(2, 2 * self.max_operand + 1) if c != code]
-            return _call("open", lock=lock, code=int(self.np_random.choice(wrong)))
+            return _call("open", lock=lock, code=int(rng.choice(wrong)))
         return _call("clue", lock=lock)
 
 

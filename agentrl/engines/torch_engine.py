@@ -104,10 +104,16 @@ class TorchSession:
         return self._forward(ids, m)
 
     @torch.inference_mode()
-    def generate(self) -> list[Generation]:
+    def generate(self, forced: Sequence[Sequence[int]] | None = None) -> list[Generation]:
+        """One action per row. `forced` (one token list per row) replaces sampling by those tokens
+        (teacher forcing: same forwards, same log-probs; for replaying episodes and benchmarks)."""
         eng, cfg = self.engine, self.engine.sampling
         B, dev = len(self.rows), eng.device
         logits = self._feed_pending()
+        if forced is not None:
+            forced_t = torch.full((B, cfg.max_new_tokens), eng.pad_id, dtype=torch.long, device=dev)
+            for i, f in enumerate(forced):
+                forced_t[i, : len(f)] = torch.tensor(f[: cfg.max_new_tokens], dtype=torch.long)
         tokens = torch.full((B, cfg.max_new_tokens), eng.pad_id, dtype=torch.long, device=dev)  # (B, N)
         logps = torch.zeros(B, cfg.max_new_tokens, device=dev)  # (B, N)
         done = torch.zeros(B, dtype=torch.bool, device=dev)
@@ -115,7 +121,11 @@ class TorchSession:
         stop_ids = eng.stop_ids.to(dev)
         n = 0
         for t in range(cfg.max_new_tokens):
-            tok, lp = sample_tokens(logits, cfg, eng.generator)
+            if forced is None:
+                tok, lp = sample_tokens(logits, cfg, eng.generator)
+            else:
+                tok = forced_t[:, t]
+                lp = torch.log_softmax(logits.float() / (cfg.temperature or 1.0), -1).gather(-1, tok[:, None]).squeeze(-1)
             live = ~done  # rows that produce a real token at this step
             tokens[:, t] = torch.where(live, tok, eng.pad_id)
             logps[:, t] = torch.where(live, lp, 0.0)

@@ -119,10 +119,18 @@ def cache_root() -> Path:
 
 
 def warm_start_key(env_id: str, env_kwargs: dict[str, Any], tiny: TinyModelConfig, sft_cfg: Any, seed: int) -> str:
+    """Changes with anything that changes the warm start: configs, agentrl, the env's own code."""
+    import inspect
+
     from agentrl import __version__
 
+    env_cls = type(make(env_id, **env_kwargs))
+    try:
+        env_src = hashlib.sha256(inspect.getsource(inspect.getmodule(env_cls)).encode()).hexdigest()
+    except (OSError, TypeError):
+        env_src = env_cls.__qualname__
     blob = json.dumps(
-        {"v": __version__, "env": env_id, "kw": env_kwargs, "tiny": tiny.model_dump(), "sft": sft_cfg.model_dump(), "seed": seed},
+        {"v": __version__, "env": env_id, "kw": env_kwargs, "src": env_src, "tiny": tiny.model_dump(), "sft": sft_cfg.model_dump(), "seed": seed},
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

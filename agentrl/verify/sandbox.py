@@ -282,12 +282,23 @@ class _Uids:
         self._used: set[int] = set()
 
     def take(self) -> int:
+        import pwd
+
         with self._lock:
             while True:
                 uid = _UID_LO + secrets.randbelow(_UID_SPAN)
-                if uid not in self._used:
-                    self._used.add(uid)
-                    return uid
+                if uid in self._used:
+                    continue
+                # never a real account, never a uid with processes: the cleanup kills all of them
+                try:
+                    pwd.getpwuid(uid)
+                    continue
+                except KeyError:
+                    pass
+                if _count_processes(uid):
+                    continue
+                self._used.add(uid)
+                return uid
 
     def give(self, uid: int) -> None:
         with self._lock:
