@@ -115,7 +115,7 @@ def add_sft(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="start from this model instead of building the tiny one")
     p.add_argument("--out", required=True, help="folder for the fine-tuned model")
     p.add_argument("--episodes", type=int, default=3000)
-    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--lr", type=float, default=None, help="default 3e-3 for the tiny model, 2e-5 for a loaded one")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--noise", type=float, default=0.25, help="the expert's slip rate")
