@@ -434,6 +434,7 @@ class Turn:
     step_reward: float = 0.0
     state_key: str | None = None
     malformed: int = 0
+    hidden: list[float] | None = None  # policy hidden state before the action (turn critics)
 
 
 @dataclass

@@ -98,3 +98,175 @@ def tokens_from_turns(adv: torch.Tensor, batch: TurnBatch) -> torch.Tensor:
     """(B, K) turn advantages -> (B, T): every action token of turn k gets adv[b, k]."""
     idx = batch.turn_index.clamp(min=0)  # (B, T)
     return adv.gather(1, idx) * batch.action_mask
+
+
+# --------------------------------------------------------------------------------------------
+# Turn-level pieces shared by arpo, steppo, turn-ppo and gigpo
+
+
+def turn_rewards(batch: TurnBatch, use_step_rewards: bool) -> torch.Tensor:
+    """(B, K) per-turn rewards: the step reward (or 0) on every turn, plus R on the last turn."""
+    r = batch.step_rewards.clone() if use_step_rewards else torch.zeros_like(batch.step_rewards)
+    last = (batch.num_turns - 1).clamp(min=0)  # (B,)
+    has = batch.num_turns > 0
+    r[has, last[has]] += batch.rewards[has]
+    return r * batch.turn_mask
+
+
+def discounted_returns(r: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, bootstrap: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, K) G_k = sum_{k' >= k} gamma^(k'-k) r_k' (+ gamma^(K-k) * bootstrap), over valid turns."""
+    B, K = r.shape
+    G = torch.zeros_like(r)
+    nxt = bootstrap.clone().float() if bootstrap is not None else torch.zeros(B)
+    for k in range(K - 1, -1, -1):
+        valid = mask[:, k]
+        G[:, k] = torch.where(valid, r[:, k] + gamma * nxt, 0.0)
+        nxt = torch.where(valid, G[:, k], nxt)
+    return G
+
+
+def gae(r: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, bootstrap: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
+    """(B, K) GAE over turns: d_k = r_k + gamma V(s_{k+1}) - V(s_k), A_k = sum_l (gamma lam)^l d_{k+l}.
+
+    V(s_{K+1}) is `bootstrap` (the critic's value after the last turn when the episode was
+    truncated; 0 when it terminated: there is no future to value).
+    """
+    B, K = r.shape
+    A = torch.zeros_like(r)
+    next_v, next_a = bootstrap.float().clone(), torch.zeros(B)
+    for k in range(K - 1, -1, -1):
+        valid = mask[:, k]
+        delta = r[:, k] + gamma * next_v - values[:, k]
+        a = delta + gamma * lam * next_a
+        A[:, k] = torch.where(valid, a, 0.0)
+        next_v = torch.where(valid, values[:, k], next_v)
+        next_a = torch.where(valid, a, next_a)
+    return A
+
+
+def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:
+    """1 - Var(target - pred) / Var(target); 0 when the target does not vary."""
+    var = target.var(unbiased=False)
+    if target.numel() < 2 or var < 1e-12:
+        return 0.0
+    return float(1 - (target - pred).var(unbiased=False) / var)
+
+
+class CriticConfig(BaseModel):
+    """A small turn-level head on the policy's detached hidden state."""
+
+    model_config = {"extra": "forbid"}
+
+    width: int = 64
+    lr: float = 2e-3  # about 10x the policy's (ALGORITHMS.md §3): the head must track a moving policy
+    epochs: int = 4  # passes over a batch's turns per fit
+    minibatch: int = 256
+    value_clip: float | None = 0.2  # PPO's clipped value loss around the pre-fit values
+
+
+class TurnHead(torch.nn.Module):
+    """MLP: hidden state (H) -> scalar. Used as a value critic (MSE) or a PRM (BCE on logits)."""
+
+    def __init__(self, in_dim: int, cfg: CriticConfig, seed: int = 0):
+        super().__init__()
+        g = torch.random.fork_rng()
+        with g:
+            torch.manual_seed(seed)
+            self.net = torch.nn.Sequential(
+                torch.nn.LayerNorm(in_dim), torch.nn.Linear(in_dim, cfg.width), torch.nn.Tanh(), torch.nn.Linear(cfg.width, 1)
+            )
+        self.cfg = cfg
+        self.opt = torch.optim.Adam(self.parameters(), lr=cfg.lr)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x).squeeze(-1)
+
+    def fit(self, x: torch.Tensor, y: torch.Tensor, old: torch.Tensor | None = None, loss: str = "mse") -> float:
+        """Train on examples (N, H) -> (N,); returns the last epoch's mean loss."""
+        if len(x) == 0:
+            return 0.0
+        last = 0.0
+        for _ in range(self.cfg.epochs):
+            perm = torch.randperm(len(x))
+            total = 0.0
+            for idx in perm.split(self.cfg.minibatch):
+                pred = self(x[idx])
+                if loss == "bce":
+                    l = torch.nn.functional.binary_cross_entropy_with_logits(pred, y[idx])
+                elif old is not None and self.cfg.value_clip is not None:
+                    clipped = old[idx] + (pred - old[idx]).clamp(-self.cfg.value_clip, self.cfg.value_clip)
+                    l = torch.max((pred - y[idx]) ** 2, (clipped - y[idx]) ** 2).mean()
+                else:
+                    l = ((pred - y[idx]) ** 2).mean()
+                self.opt.zero_grad(set_to_none=True)
+                l.backward()
+                self.opt.step()
+                total += l.item() * len(idx)
+            last = total / len(x)
+        return last
+
+
+def turn_features(batch: TurnBatch, model: torch.nn.Module | None) -> torch.Tensor:
+    """(B, K, H) hidden state before each turn's action: captured at rollout, else one forward."""
+    if batch.turn_hidden is not None:
+        return batch.turn_hidden
+    if model is None:
+        raise ValueError("turn features: the batch carries no hidden states and no policy was given")
+    from agentrl.policy import token_stats
+
+    with torch.inference_mode():
+        hs = token_stats(model, batch.input_ids, batch.attention_mask, hidden=True).hidden  # (B, T, H); hs[:, t] precedes token t
+    pos = (batch.turn_pos + 1).clamp(min=0)  # the first action token's position: its preceding state is the context's last
+    return hs.gather(1, pos[..., None].expand(-1, -1, hs.shape[-1])).float() * batch.turn_mask[..., None]
+
+
+def final_features(batch: TurnBatch, model: torch.nn.Module | None, pad_id: int) -> torch.Tensor | None:
+    """(B, H) hidden state after the last observation, for truncated episodes (others zero).
+
+    A truncated episode's future is valued by the critic at this state (the bootstrap); it costs
+    one forward over the truncated episodes only.
+    """
+    rows = batch.truncated.nonzero(as_tuple=True)[0].tolist()
+    if not rows or model is None:
+        return None
+    from agentrl.policy import token_stats
+
+    seqs = [batch.episodes[b].token_ids() + (batch.episodes[b].turns[-1].obs_ids if batch.episodes[b].turns else []) for b in rows]
+    T = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
+    att = torch.zeros_like(ids)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s)
+        att[i, : len(s)] = 1
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        out = model(input_ids=ids.to(device), attention_mask=att.to(device), output_hidden_states=True, use_cache=False)
+    last = att.sum(1) - 1
+    h = out.hidden_states[-1][torch.arange(len(seqs)), last.to(device)].float().cpu()  # (R, H)
+    full = torch.zeros(batch.size, h.shape[-1])
+    full[rows] = h
+    return full
+
+
+class TurnCritic:
+    """V(s_k) on turn features; tracks its explained variance on data it has not been fit on."""
+
+    def __init__(self, in_dim: int, cfg: CriticConfig | None = None, seed: int = 0):
+        self.cfg = cfg or CriticConfig()
+        self.head = TurnHead(in_dim, self.cfg, seed)
+
+    @torch.no_grad()
+    def values(self, feats: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(B, K, H) -> (B, K), 0 on empty turn slots."""
+        return self.head(feats) * mask
+
+    @torch.no_grad()
+    def bootstrap(self, final: torch.Tensor | None, batch: TurnBatch) -> torch.Tensor:
+        if final is None:
+            return torch.zeros(batch.size)
+        return self.head(final) * batch.truncated.float()
+
+    def fit(self, feats: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor, old: torch.Tensor | None = None) -> dict[str, float]:
+        m = mask.bool()
+        loss = self.head.fit(feats[m], targets[m].float(), None if old is None else old[m].float())
+        return {"critic_loss": loss}

@@ -71,7 +71,7 @@ def rollout(
             key = info.get("state_key")
             ep.turns.append(
                 Turn(ctx[row], gen.ids, gen.logprobs, obs_ids, action, obs, float(info.get("step_reward") or 0.0),
-                     None if key is None else repr(key), int(info.get("malformed", 0)))
+                     None if key is None else repr(key), int(info.get("malformed", 0)), gen.hidden)
             )
             ctx[row] += len(gen.ids) + len(obs_ids)
             if not (terminated or truncated) and max_context is not None and ctx[row] + max_new_tokens > max_context:

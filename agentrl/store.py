@@ -31,6 +31,7 @@ TURN_TYPE = pa.struct(
         ("step_reward", pa.float32()),
         ("state_key", pa.string()),
         ("malformed", pa.int32()),
+        ("hidden", pa.list_(pa.float32())),
     ]
 )
 SCHEMA = pa.schema(
@@ -75,6 +76,8 @@ class TurnBatch:
     terminated: torch.Tensor  # (B,) bool
     truncated: torch.Tensor  # (B,) bool
     episodes: list[Episode]
+    turn_hidden: torch.Tensor | None = None  # (B, K, H) policy state before each action, if captured
+    ref_logp: torch.Tensor | None = None  # (B, T) reference log-probs, filled in by the trainer
 
     @property
     def size(self) -> int:
@@ -90,7 +93,7 @@ class TurnBatch:
         kw = {}
         for f in fields(self):
             v = getattr(self, f.name)
-            kw[f.name] = [v[i] for i in idx.tolist()] if f.name == "episodes" else v[idx]
+            kw[f.name] = [v[i] for i in idx.tolist()] if f.name == "episodes" else (None if v is None else v[idx])
         return TurnBatch(**kw)
 
     def to(self, device: torch.device | str) -> TurnBatch:
@@ -111,6 +114,11 @@ def make_batch(episodes: Sequence[Episode], pad_id: int) -> TurnBatch:
     turn_index = torch.full((B, T), -1, dtype=torch.long)
     turn_pos = torch.full((B, K), -1, dtype=torch.long)
     step_rewards = torch.zeros(B, K)
+    has_hidden = all(t.hidden is not None for e in episodes for t in e.turns) and any(e.turns for e in episodes)
+    turn_hidden = None
+    if has_hidden:
+        H = len(next(t.hidden for e in episodes for t in e.turns))
+        turn_hidden = torch.zeros(B, K, H)
     for b, ep in enumerate(episodes):
         ids = ep.token_ids()
         input_ids[b, : len(ids)] = torch.tensor(ids, dtype=torch.long)
@@ -122,6 +130,8 @@ def make_batch(episodes: Sequence[Episode], pad_id: int) -> TurnBatch:
             turn_index[b, s : s + n] = k
             turn_pos[b, k] = s - 1
             step_rewards[b, k] = turn.step_reward
+            if turn_hidden is not None:
+                turn_hidden[b, k] = torch.tensor(turn.hidden)
     return TurnBatch(
         input_ids=input_ids,
         attention_mask=attention,
@@ -136,6 +146,7 @@ def make_batch(episodes: Sequence[Episode], pad_id: int) -> TurnBatch:
         terminated=torch.tensor([e.terminated for e in episodes]),
         truncated=torch.tensor([e.truncated for e in episodes]),
         episodes=list(episodes),
+        turn_hidden=turn_hidden,
     )
 
 

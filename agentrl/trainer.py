@@ -59,13 +59,11 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def make_engine(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig, seed: int) -> Any:
+def make_engine(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig, seed: int, capture_hidden: bool = False) -> Any:
     chat = policy.chat
     if cfg.engine == "vllm":
-        from agentrl.engines.vllm_engine import VLLMEngine  # GPU only; imports vllm lazily
-
-        return VLLMEngine.from_policy(policy, sampling, seed=seed)
-    return TorchEngine(policy.model, sampling, chat.stop_ids, chat.eos_id, chat.pad_id, seed=seed)
+        raise NotImplementedError("--engine vllm is not built yet (see the 'Fast rollouts' issue); use --engine torch")
+    return TorchEngine(policy.model, sampling, chat.stop_ids, chat.eos_id, chat.pad_id, seed=seed, capture_hidden=capture_hidden)
 
 
 def evaluate(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig, max_context: int) -> EvalResult:
@@ -140,7 +138,8 @@ class Trainer:
         opt = torch.optim.AdamW(self.policy.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
         self.model, self.optimizer = self.accelerator.prepare(self.policy.model, opt)
         self.envs = [make(cfg.env.id, **cfg.env.kwargs) for _ in range(cfg.rollout.groups * cfg.rollout.group_size)]
-        self.engine = make_engine(cfg, self.policy, cfg.rollout.sampling, seed=cfg.seed)
+        needs_hidden = bool(getattr(self.assigner, "needs_hidden", False))
+        self.engine = make_engine(cfg, self.policy, cfg.rollout.sampling, seed=cfg.seed, capture_hidden=needs_hidden)
         self.task_rng = np.random.default_rng(cfg.seed)
         self.next_group = 0
 
@@ -187,8 +186,7 @@ class Trainer:
         device = self.accelerator.device
         batch = batch.select(rows).to(device)
         adv = credit.advantages[rows].to(device)
-        with torch.inference_mode():
-            ref_logp = token_stats(self.reference, batch.input_ids, batch.attention_mask, cfg.rollout.sampling.temperature or 1.0).logp
+        ref_logp = batch.ref_logp
         stats: dict[str, list[float]] = {}
         t0, tokens = time.perf_counter(), 0
         self.model.train()
@@ -232,6 +230,9 @@ class Trainer:
             episodes, metrics = self.collect(update)
             t_roll = time.perf_counter() - t0
             batch = make_batch(episodes, self.policy.chat.pad_id)
+            with torch.inference_mode():  # once per batch: the loss's KL and the implicit PRM read it
+                batch.ref_logp = token_stats(self.reference, batch.input_ids.to(self.accelerator.device), batch.attention_mask.to(self.accelerator.device),
+                                             cfg.rollout.sampling.temperature or 1.0).logp.cpu()
             fit_metrics = self.assigner.fit(batch)
             credit = self.assigner.assign(batch)
             metrics.update({f"credit/{k}": v for k, v in {**fit_metrics, **credit.metrics}.items()})

@@ -1,10 +1,21 @@
-"""Credit assigners, one module each; choosing one is a lookup in `ASSIGNERS`."""
+"""Credit assigners, one module each; choosing one is a lookup in `ASSIGNERS`.
 
+An assigner is constructed as ``cls(config, policy=..., train_config=...)`` and offers
+``fit(batch) -> metrics`` and ``assign(batch) -> Credit`` (see `agentrl.credit`).
+"""
+
+from agentrl.algorithms.arpo import ARPO, ARPOConfig
+from agentrl.algorithms.gigpo import GiGPO, GiGPOConfig
 from agentrl.algorithms.grpo import GRPO, GRPOConfig
+from agentrl.algorithms.steppo import StepPO, StepPOConfig
+from agentrl.algorithms.turn_ppo import TurnPPO, TurnPPOConfig
 
-ASSIGNERS = {"grpo": GRPO}
+ASSIGNERS = {cls.name: cls for cls in (GRPO, ARPO, StepPO, TurnPPO, GiGPO)}
 
-__all__ = ["ASSIGNERS", "GRPO", "GRPOConfig", "get_assigner"]
+__all__ = [
+    "ARPO", "ASSIGNERS", "GRPO", "ARPOConfig", "GRPOConfig", "GiGPO", "GiGPOConfig", "StepPO", "StepPOConfig",
+    "TurnPPO", "TurnPPOConfig", "get_assigner",
+]
 
 
 def get_assigner(name: str) -> type:

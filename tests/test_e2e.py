@@ -38,6 +38,9 @@ class Babble(AgentEnv):
     def verify(self) -> float:
         return float(len(self.last) % 2 == 0)
 
+    def state_key(self):
+        return self.turn
+
 
 class Jammed(Babble):
     def verify(self) -> float:
@@ -90,3 +93,25 @@ def test_raising_verifier_stops_the_run_with_where_and_keeps_the_batch(tmp_path,
         trainer.collect(1)
     saved = TrajectoryStore.load(tmp_path / "run" / "store")
     assert len(saved) == 8 and all("verifier lost its tests" in e.error for e in saved)
+
+
+@pytest.mark.parametrize("algo", ["arpo", "steppo", "turn-ppo", "gigpo"])
+def test_every_assigner_trains_end_to_end(tmp_path, vault_policy_dir, algo):
+    credit = {"turn-ppo": {"warmup_updates": 1}, "steppo": {"prm": "learned"}}.get(algo, {})
+    cfg = small_config(tmp_path, vault_policy_dir, algo=algo, credit=credit)
+    trainer = Trainer(cfg)
+    before = {k: v.clone() for k, v in trainer.policy.model.state_dict().items()}
+    trainer.train()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    updates = [r for r in rows if r["step"] >= 1 and not r.get("final")]
+    assert len(updates) == 2
+    if algo in ("arpo", "turn-ppo"):
+        assert all("credit/critic_ev" in r for r in updates)
+    if algo == "turn-ppo":
+        assert updates[0]["credit/critic_warmup"] == 1.0 and updates[1]["credit/critic_warmup"] == 0.0
+    if algo == "steppo":
+        assert all("credit/prm_outcome_corr" in r for r in updates)
+    trained = [r for r in updates if "train/loss" in r]
+    assert trained and all(torch.isfinite(torch.tensor(r["train/loss"])) for r in trained)
+    after = trainer.policy.model.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)

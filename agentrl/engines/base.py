@@ -35,6 +35,7 @@ class Generation:
     ids: list[int]
     logprobs: list[float]  # behaviour log-probs, from the logits that sampled each token
     finish: FinishReason  # "stop": a stop token such as </tool_call>; "eos": end of message
+    hidden: list[float] | None = None  # policy hidden state at the last context token (if captured)
 
 
 class Session(Protocol):

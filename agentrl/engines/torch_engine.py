@@ -49,8 +49,12 @@ def sample_tokens(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Ge
 class TorchEngine:
     """Generate with a transformers causal LM, keeping each row's KV cache across turns."""
 
-    def __init__(self, model: torch.nn.Module, sampling: SamplingConfig, stop_ids: Sequence[int], eos_id: int, pad_id: int, seed: int | None = None):
+    def __init__(self, model: torch.nn.Module, sampling: SamplingConfig, stop_ids: Sequence[int], eos_id: int, pad_id: int,
+                 seed: int | None = None, capture_hidden: bool = False):
         self.model = model
+        # Turn critics read the hidden state at the last context token of each turn; it falls out
+        # of the forward that produces the turn's first logits, so capturing it costs no pass.
+        self.capture_hidden = capture_hidden
         self.sampling = sampling
         self.stop_ids = torch.tensor(sorted(set(stop_ids)), dtype=torch.long)
         self.eos_id = eos_id
@@ -76,19 +80,23 @@ class TorchSession:
         self.pos = torch.zeros(len(prompts), dtype=torch.long, device=dev)  # (B,) real tokens so far
         self.pending: list[list[int]] = prompts  # tokens each row has not yet fed to the model
         self.tokens_fed = 0  # padded positions run through the model (for throughput accounting)
+        self.turn_hidden: torch.Tensor | None = None
 
     @property
     def cache_len(self) -> int:
         return self.mask.shape[1]
 
-    def _forward(self, ids: torch.Tensor, chunk_mask: torch.Tensor) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, chunk_mask: torch.Tensor, hidden: bool = False) -> torch.Tensor:
         self.mask = torch.cat([self.mask, chunk_mask], dim=1)  # (B, L + C)
         pos_ids = (self.pos[:, None] + chunk_mask.cumsum(1) - 1).clamp(min=0)  # (B, C)
         out = self.engine.model(
-            input_ids=ids, attention_mask=self.mask, position_ids=pos_ids, use_cache=True, **{self.engine.cache_kwarg: self.cache}
+            input_ids=ids, attention_mask=self.mask, position_ids=pos_ids, use_cache=True,
+            output_hidden_states=hidden, **{self.engine.cache_kwarg: self.cache},
         )
         self.pos += chunk_mask.sum(1)
         self.tokens_fed += ids.numel()
+        if hidden:  # the state at the last context token, which a turn critic reads
+            self.turn_hidden = out.hidden_states[-1][:, -1].float()  # (B, H)
         return out.logits[:, -1]  # (B, V)
 
     def _feed_pending(self) -> torch.Tensor:
@@ -101,7 +109,7 @@ class TorchSession:
                 ids[i, width - len(chunk) :] = torch.tensor(chunk, dtype=torch.long)
                 m[i, width - len(chunk) :] = 1
         self.pending = [[] for _ in self.pending]
-        return self._forward(ids, m)
+        return self._forward(ids, m, hidden=self.engine.capture_hidden)
 
     @torch.inference_mode()
     def generate(self, forced: Sequence[Sequence[int]] | None = None) -> list[Generation]:
@@ -139,6 +147,7 @@ class TorchSession:
         # first in the row's next chunk, saving a forward pass now.
         tokens, logps = tokens[:, :n].tolist(), logps[:, :n].tolist()
         lengths, last_live = length.tolist(), live.tolist()
+        hidden = self.turn_hidden.tolist() if eng.capture_hidden and self.turn_hidden is not None else [None] * B
         stops = set(eng.stop_ids.tolist())
         out = []
         for i in range(B):
@@ -148,7 +157,7 @@ class TorchSession:
             finish = "length"
             if ids and ids[-1] in stops:
                 finish = "eos" if ids[-1] == eng.eos_id else "stop"
-            out.append(Generation(ids, logps[i][: lengths[i]], finish))
+            out.append(Generation(ids, logps[i][: lengths[i]], finish, hidden[i]))
         return out
 
     def extend(self, chunks: Sequence[Sequence[int]]) -> None:
@@ -168,3 +177,4 @@ class TorchSession:
         self.pos = self.pos[idx]
         self.rows = [self.rows[p] for p in positions]
         self.pending = [self.pending[p] for p in positions]
+        self.turn_hidden = None

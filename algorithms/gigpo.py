@@ -1,0 +1,63 @@
+"""`gigpo`: critic-free step credit. Inside a group, turns that start from the same state (equal
+`state_key`) form a step group; each turn's discounted return is compared within its step group.
+
+    G_ik   = sum_{k' >= k} gamma^(k'-k) r_ik'        gamma = 0.95, R on the last turn
+    A_step = (G_ik - mean_stepgroup) / (std_stepgroup + eps)    0 in a step group of one
+    A_ik   = A_i (grpo) + omega * A_step
+
+Follows GiGPO (arXiv 2505.10978). Needs environments that report `state_key`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from pydantic import BaseModel, Field
+
+from agentrl.algorithms.grpo import GRPO, GRPOConfig
+from agentrl.credit import Credit, discounted_returns, tokens_from_turns, turn_rewards
+from agentrl.store import TurnBatch
+
+
+class GiGPOConfig(GRPOConfig):
+    gamma: float = Field(0.95, ge=0.0, le=1.0, description="Discount of the step return: shorter paths from the same state score higher (GiGPO's 0.95).")
+    omega: float = Field(1.0, description="Weight of the step advantage against the episode advantage (GiGPO's 1).")
+    use_step_rewards: bool = Field(False, description="Include the env's info['step_reward'] in the step return.")
+
+
+class GiGPO(GRPO):
+    name: ClassVar[str] = "gigpo"
+    description: ClassVar[str] = "critic-free step credit: turns from the same state inside a group are compared by discounted return (needs state_key)"
+    Config: ClassVar[type[BaseModel]] = GiGPOConfig
+
+    def __init__(self, config: GiGPOConfig | None = None, **_: Any):
+        self.cfg = config or GiGPOConfig()
+
+    def step_advantages(self, batch: TurnBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        mask = batch.turn_mask
+        G = discounted_returns(turn_rewards(batch, self.cfg.use_step_rewards), mask, self.cfg.gamma)
+        A_step = torch.zeros_like(G)
+        step_groups: dict[tuple[int, str], list[tuple[int, int]]] = {}
+        for b, ep in enumerate(batch.episodes):
+            for k, turn in enumerate(ep.turns):
+                if turn.state_key is None:
+                    raise ValueError(f"gigpo needs state_key; {ep.env_id or 'the environment'} reports none (turn {k} of {ep.task_id})")
+                step_groups.setdefault((int(batch.group_ids[b]), turn.state_key), []).append((b, k))
+        sizes = []
+        for members in step_groups.values():
+            sizes.append(len(members))
+            if len(members) < 2:
+                continue
+            rows, cols = zip(*members)
+            g = G[list(rows), list(cols)]
+            A_step[list(rows), list(cols)] = (g - g.mean()) / (g.std() + 1e-6)
+        n_turns = max(int(mask.sum()), 1)
+        return A_step, {"step_groups": float(len(step_groups)), "state_recurrence": float(sum(s for s in sizes if s > 1) / n_turns)}
+
+    def assign(self, batch: TurnBatch) -> Credit:
+        A, weight, metrics = self.episode_advantages(batch)
+        A_step, step_metrics = self.step_advantages(batch)
+        metrics.update(step_metrics)
+        turn_adv = (A[:, None] + self.cfg.omega * A_step) * batch.turn_mask
+        return Credit(tokens_from_turns(turn_adv, batch), weight, metrics)

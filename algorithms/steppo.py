@@ -1,0 +1,105 @@
+"""`steppo`: a process reward model scores every turn; turn advantage = outcome advantage plus the
+reward-to-go of the group-normalised step scores.
+
+    r~_ik = (p_ik - mean_group) / (std_group + eps)     all step scores of a group together
+    A_ik  = A_i (grpo) + lam_p * sum_{k' >= k} r~_ik'
+
+Three PRMs behind one interface, `score(batch) -> (B, K)`:
+- `env`: the environment's own rule-based step check, info["step_reward"];
+- `learned`: a small head on the policy's hidden state before each turn, trained Math-Shepherd
+  style on Monte Carlo success estimates from the store (the outcome of the episode each turn
+  led to);
+- `implicit`: beta * sum over the turn's tokens of log(pi / pi_ref) (PRIME).
+`credit/prm_outcome_corr` (episode's summed step score vs its outcome, on episodes the PRM was
+not fit on) is logged: a PRM that drifts from the outcome is being hacked.
+
+What it is not: "StepPO" (arXiv 2604.18401) is a turn-level PPO; ours is closer to process
+supervision: Math-Shepherd (2312.08935), PRIME (2502.01456), DeepSeekMath's process supervision,
+MT-GRPO (2505.11821).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+import torch
+from pydantic import BaseModel, Field
+
+from agentrl.algorithms.grpo import GRPO, GRPOConfig
+from agentrl.credit import CriticConfig, Credit, TurnHead, tokens_from_turns, turn_features
+from agentrl.store import TurnBatch
+
+
+class StepPOConfig(GRPOConfig):
+    prm: Literal["env", "learned", "implicit"] = Field("env", description="Which process reward model scores the turns (see the module docstring).")
+    lam_p: float = Field(1.0, ge=0.0, description="Weight of the step term against the outcome advantage (ALGORITHMS.md: 1).")
+    implicit_beta: float = Field(0.05, gt=0.0, description="beta of the implicit PRM (PRIME's 0.05).")
+    head: CriticConfig = Field(default_factory=lambda: CriticConfig(value_clip=None), description="The learned PRM's head.")
+
+
+def pearson(x: torch.Tensor, y: torch.Tensor) -> float:
+    if x.numel() < 2 or x.std() < 1e-8 or y.std() < 1e-8:
+        return 0.0
+    return float(torch.corrcoef(torch.stack([x.float(), y.float()]))[0, 1])
+
+
+class StepPO(GRPO):
+    name: ClassVar[str] = "steppo"
+    description: ClassVar[str] = "process rewards: outcome advantage + reward-to-go of group-normalised PRM step scores (env / learned / implicit PRM)"
+    Config: ClassVar[type[BaseModel]] = StepPOConfig
+
+    def __init__(self, config: StepPOConfig | None = None, policy: Any = None, hidden_size: int | None = None, **_: object):
+        self.cfg = config or StepPOConfig()
+        self.model = policy.model if policy is not None else None
+        self.head = None
+        if self.cfg.prm == "learned":
+            size = hidden_size or (policy.model.config.hidden_size if policy is not None else None)
+            self.head = TurnHead(size, self.cfg.head)
+
+    @property
+    def needs_hidden(self) -> bool:  # type: ignore[override]
+        return self.cfg.prm == "learned"
+
+    def score(self, batch: TurnBatch) -> torch.Tensor:
+        """(B, K) step scores, 0 on empty turn slots."""
+        mask = batch.turn_mask
+        if self.cfg.prm == "env":
+            return batch.step_rewards * mask
+        if self.cfg.prm == "implicit":
+            if batch.ref_logp is None:
+                raise ValueError("steppo prm=implicit needs reference log-probs in the batch (the trainer fills them in)")
+            # log(pi/pi_ref) of the behaviour policy's own tokens, summed per turn
+            lr = (batch.behaviour_logp - batch.ref_logp) * batch.action_mask  # (B, T)
+            idx = batch.turn_index.clamp(min=0)
+            per_turn = torch.zeros_like(batch.step_rewards).scatter_add(1, idx, lr)
+            return self.cfg.implicit_beta * per_turn * mask
+        with torch.no_grad():
+            return torch.sigmoid(self.head(turn_features(batch, self.model))) * mask
+
+    def fit(self, batch: TurnBatch) -> dict[str, float]:
+        scores = self.score(batch)  # before fitting: these episodes are held out for the PRM
+        corr = pearson(scores.sum(1), batch.rewards)
+        metrics = {"prm_outcome_corr": corr}
+        if self.head is not None:
+            feats = turn_features(batch, self.model)
+            mask = batch.turn_mask
+            # Monte Carlo success estimate of each turn: the outcome of the episode it led to
+            target = (batch.rewards >= 1.0).float()[:, None].expand_as(mask)
+            metrics["prm_loss"] = self.head.fit(feats[mask], target[mask], loss="bce")
+        return metrics
+
+    def assign(self, batch: TurnBatch) -> Credit:
+        A, weight, metrics = self.episode_advantages(batch)
+        mask = batch.turn_mask
+        p = self.score(batch)
+        norm = torch.zeros_like(p)
+        for g in torch.unique(batch.group_ids):
+            rows = batch.group_ids == g
+            vals = p[rows][mask[rows]]
+            if vals.numel() > 1:
+                norm[rows] = (p[rows] - vals.mean()) / (vals.std() + 1e-6)
+        norm = norm * mask
+        to_go = norm.flip(1).cumsum(1).flip(1) * mask  # sum_{k' >= k}
+        turn_adv = (A[:, None] + self.cfg.lam_p * to_go) * mask
+        metrics["step_score_mean"] = float(p[mask].mean()) if mask.any() else 0.0
+        return Credit(tokens_from_turns(turn_adv, batch), weight, metrics)
