@@ -192,16 +192,16 @@ class TurnHead(torch.nn.Module):
             for idx in perm.split(self.cfg.minibatch):
                 pred = self(x[idx])
                 if loss == "bce":
-                    l = torch.nn.functional.binary_cross_entropy_with_logits(pred, y[idx])
+                    err = torch.nn.functional.binary_cross_entropy_with_logits(pred, y[idx])
                 elif old is not None and self.cfg.value_clip is not None:
                     clipped = old[idx] + (pred - old[idx]).clamp(-self.cfg.value_clip, self.cfg.value_clip)
-                    l = torch.max((pred - y[idx]) ** 2, (clipped - y[idx]) ** 2).mean()
+                    err = torch.max((pred - y[idx]) ** 2, (clipped - y[idx]) ** 2).mean()
                 else:
-                    l = ((pred - y[idx]) ** 2).mean()
+                    err = ((pred - y[idx]) ** 2).mean()
                 self.opt.zero_grad(set_to_none=True)
-                l.backward()
+                err.backward()
                 self.opt.step()
-                total += l.item() * len(idx)
+                total += err.item() * len(idx)
             last = total / len(x)
         return last
 
@@ -229,7 +229,6 @@ def final_features(batch: TurnBatch, model: torch.nn.Module | None, pad_id: int)
     rows = batch.truncated.nonzero(as_tuple=True)[0].tolist()
     if not rows or model is None:
         return None
-    from agentrl.policy import token_stats
 
     seqs = [batch.episodes[b].token_ids() + (batch.episodes[b].turns[-1].obs_ids if batch.episodes[b].turns else []) for b in rows]
     T = max(len(s) for s in seqs)

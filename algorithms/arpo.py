@@ -23,8 +23,8 @@ from pydantic import BaseModel, Field
 
 from agentrl.algorithms.grpo import GRPO, GRPOConfig
 from agentrl.credit import (
-    CriticConfig,
     Credit,
+    CriticConfig,
     TurnCritic,
     discounted_returns,
     explained_variance,

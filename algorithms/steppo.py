@@ -26,7 +26,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from agentrl.algorithms.grpo import GRPO, GRPOConfig
-from agentrl.credit import CriticConfig, Credit, TurnHead, tokens_from_turns, turn_features
+from agentrl.credit import Credit, CriticConfig, TurnHead, tokens_from_turns, turn_features
 from agentrl.store import TurnBatch
 
 

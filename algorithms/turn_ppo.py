@@ -21,8 +21,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.credit import (
-    CriticConfig,
     Credit,
+    CriticConfig,
     TurnCritic,
     explained_variance,
     final_features,

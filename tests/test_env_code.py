@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from agentrl.envs.code import CodeEnv
 
 import agentrl
+from agentrl.envs.code import CodeEnv
 
 ENV_ID = "agentrl/Code-v0"
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from agentrl.envs.math import MathEnv
 
 import agentrl
+from agentrl.envs.math import MathEnv
 
 ENV_ID = "agentrl/Math-v0"
 

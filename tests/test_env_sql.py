@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from agentrl.envs.sql import SQLEnv
 
 import agentrl
+from agentrl.envs.sql import SQLEnv
 
 ENV_ID = "agentrl/SQL-v0"
 

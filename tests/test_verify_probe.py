@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from agentrl.envs.math import MathEnv
 
+from agentrl.envs.math import MathEnv
 from agentrl.verify.probe import add_cli, run_verifier_probe
 
 
