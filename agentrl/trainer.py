@@ -216,12 +216,13 @@ class Trainer:
 
     # -- the run ------------------------------------------------------------------------------------
 
-    def train(self) -> dict[str, Any]:
+    def train(self, warm: EvalResult | None = None) -> dict[str, Any]:
+        """Run every update; `warm` reuses a held-out evaluation of this same starting policy."""
         cfg = self.cfg
         t_start = time.perf_counter()
         self.monitor.say(f"policy: {self.policy.num_parameters:,} parameters; assigner: {cfg.algo}; {cfg.updates} updates of "
                          f"{cfg.rollout.groups}x{cfg.rollout.group_size} episodes on {cfg.env.id}")
-        warm = evaluate(cfg, self.policy, cfg.rollout.sampling, self.max_context)
+        warm = warm or evaluate(cfg, self.policy, cfg.rollout.sampling, self.max_context)
         self.monitor.say(f"warm start: held-out pass rate {warm.pass_rate:.3f} over {warm.episodes} episodes")
         self.monitor.log({"step": 0, **warm.metrics()})
         last_eval = warm

@@ -1,0 +1,186 @@
+"""The horizon sweep: every credit assigner on Vault at several horizons, same warm start, same
+episode budget, several seeds. Where does turn-level credit pay off?
+
+    python benchmarks/horizon_sweep.py                       # 4 horizons x 5 assigners x 3 seeds
+    python benchmarks/horizon_sweep.py --locks 1 3 --seeds 0 --updates 5   # a quick look
+
+Per horizon (`locks`), the expert's slip rate and the turn slack are calibrated by simulation so
+that the noisy expert passes about half its episodes (DESIGN.md: with a fixed slack a long
+horizon gives an all-fail warm start and measures nothing); one tiny policy is warm-started by
+SFT on those demonstrations and every (assigner, seed) run starts from it, with the same number
+of updates and episodes. Recorded: the held-out pass rate before and after, the training pass
+rate per update (success curves), and episodes-to-threshold (first update where the smoothed
+training pass rate reaches halfway from the warm start to 1). Writes `sweep.json`, `table.md`
+and `curves.png` into the output folder.
+
+Baseline and ratio: grpo is the baseline at every horizon; `ratio` (last line) is the best
+turn-level assigner's mean final pass rate over grpo's, at the longest horizon.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+ALGOS = ["grpo", "arpo", "steppo", "turn-ppo", "gigpo"]
+
+
+def calibrate(locks: int, target: float = 0.5, episodes: int = 400) -> tuple[int, float, float]:
+    """(slack, noise, expert pass rate): slack grows with the horizon, noise is fitted to `target`."""
+    from agentrl.core import make
+
+    slack = max(1, locks // 3)
+    best = None
+    for noise in np.arange(0.05, 0.61, 0.05):
+        env = make("agentrl/Vault-v0", locks=locks, slack=slack)
+        wins = 0
+        for s in range(episodes):
+            env.reset(seed=50_000_000 + s)
+            while True:
+                _, r, term, trunc, _ = env.step(env.expert_action(float(noise)))
+                if term or trunc:
+                    break
+            wins += r
+        rate = wins / episodes
+        if best is None or abs(rate - target) < abs(best[2] - target):
+            best = (slack, round(float(noise), 2), rate)
+    return best
+
+
+def smooth(xs: list[float], k: int = 3) -> list[float]:
+    return [float(np.mean(xs[max(0, i - k + 1) : i + 1])) for i in range(len(xs))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--locks", type=int, nargs="+", default=[1, 3, 8, 16], help="horizons (turns ~ 2 * locks + slack)")
+    ap.add_argument("--algos", nargs="+", default=ALGOS)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--updates", type=int, default=20)
+    ap.add_argument("--groups", type=int, default=4)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--eval-episodes", type=int, default=128)
+    ap.add_argument("--lock-examples", type=int, default=9000, help="SFT demonstrations x locks per horizon (constant sum examples)")
+    ap.add_argument("--out", default="runs/horizon-sweep")
+    args = ap.parse_args()
+
+    from agentrl.config import TrainConfig
+    from agentrl.policy import Policy, TinyModelConfig
+    from agentrl.stages.sft import warm_start
+    from agentrl.trainer import Trainer, evaluate
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    results: dict = {"started": time.strftime("%Y-%m-%d %H:%M"), "args": vars(args), "horizons": {}}
+    tiny = TinyModelConfig(max_position_embeddings=2048)
+    for locks in args.locks:
+        slack, noise, expert = calibrate(locks)
+        env_kw = {"locks": locks, "slack": slack}
+        demos = min(3000, max(300, args.lock_examples // locks))
+        base = TrainConfig(env={"id": "agentrl/Vault-v0", "kwargs": env_kw}, tiny=tiny,
+                           sft={"episodes": demos, "epochs": 4, "noise": noise},
+                           rollout={"groups": args.groups, "group_size": args.group_size},
+                           eval={"episodes": args.eval_episodes, "every": 0}, updates=args.updates)
+        t0 = time.perf_counter()
+        folder = warm_start(base.env.id, env_kw, tiny, base.sft, seed=0)
+        policy = Policy.load(folder)
+        warm = evaluate(base, policy, base.rollout.sampling, tiny.max_position_embeddings)
+        h = {"locks": locks, "slack": slack, "max_turns": 2 * locks + slack, "noise": noise, "expert_pass_rate": expert,
+             "demos": demos, "warm_start_pass_rate": warm.pass_rate, "warm_start_s": time.perf_counter() - t0, "runs": {}}
+        print(f"[locks {locks}] slack {slack}, noise {noise} (expert {expert:.2f}), warm start {warm.pass_rate:.3f}", flush=True)
+        threshold = warm.pass_rate + 0.5 * (1 - warm.pass_rate)
+        h["threshold"] = threshold
+        for algo in args.algos:
+            for seed in args.seeds:
+                cfg = base.model_copy(update={"algo": algo, "model": str(folder), "seed": seed,
+                                              "out": str(out / f"locks{locks}" / f"{algo}-seed{seed}")})
+                cfg = TrainConfig(**cfg.model_dump())  # re-validate (credit defaults for the algo)
+                t1 = time.perf_counter()
+                trainer = Trainer(cfg)
+                trainer.monitor.console.quiet = True
+                summary = trainer.train(warm=warm)
+                rows = [json.loads(x) for x in (Path(cfg.out) / "metrics.jsonl").read_text().splitlines()]
+                curve = [r["rollout/pass_rate"] for r in rows if r.get("step", 0) >= 1 and "rollout/pass_rate" in r]
+                sm = smooth(curve)
+                hit = next((i + 1 for i, v in enumerate(sm) if v >= threshold), None)
+                eps_per_update = args.groups * args.group_size
+                h["runs"][f"{algo}/{seed}"] = {
+                    "algo": algo, "seed": seed, "final_pass_rate": summary["final_pass_rate"], "curve": curve,
+                    "episodes_to_threshold": None if hit is None else hit * eps_per_update,
+                    "zero_adv_frac": float(np.mean([r.get("credit/zero_adv_frac", 0) for r in rows if r.get("step", 0) >= 1 and not r.get("final")])),
+                    "critic_ev_last": next((r["credit/critic_ev"] for r in reversed(rows) if "credit/critic_ev" in r), None),
+                    "wall_s": time.perf_counter() - t1,
+                }
+                print(f"  {algo:9s} seed {seed}: {warm.pass_rate:.3f} -> {summary['final_pass_rate']:.3f} "
+                      f"({time.perf_counter() - t1:.0f}s)", flush=True)
+        results["horizons"][str(locks)] = h
+        (out / "sweep.json").write_text(json.dumps(results, indent=1))
+    results["wall_s"] = time.perf_counter() - t_start
+    (out / "sweep.json").write_text(json.dumps(results, indent=1))
+    table = write_table(results, args.algos, out)
+    plot(results, args.algos, out)
+    print(table)
+    longest = results["horizons"][str(max(args.locks))]
+    means = {a: statistics.mean(r["final_pass_rate"] for r in longest["runs"].values() if r["algo"] == a) for a in args.algos}
+    turn_level = {a: m for a, m in means.items() if a != "grpo"}
+    best = max(turn_level, key=turn_level.get) if turn_level else "grpo"
+    print(json.dumps({"benchmark": "horizon_sweep", "wall_s": round(results["wall_s"]), "longest_locks": max(args.locks),
+                      "grpo_final": round(means.get("grpo", float("nan")), 3), "best_turn_level": best,
+                      "best_turn_level_final": round(turn_level.get(best, float("nan")), 3),
+                      "ratio": round(turn_level.get(best, float("nan")) / max(means.get("grpo", 1e-9), 1e-9), 3)}))
+
+
+def write_table(results: dict, algos: list[str], out: Path) -> str:
+    lines = ["| locks | max turns | warm start | " + " | ".join(algos) + " | best |", "|---" * (len(algos) + 4) + "|"]
+    for h in results["horizons"].values():
+        cells, means = [], {}
+        for a in algos:
+            finals = [r["final_pass_rate"] for r in h["runs"].values() if r["algo"] == a]
+            eps = [r["episodes_to_threshold"] for r in h["runs"].values() if r["algo"] == a]
+            reached = [e for e in eps if e is not None]
+            m, sd = statistics.mean(finals), (statistics.stdev(finals) if len(finals) > 1 else 0.0)
+            means[a] = m
+            ett = f"{statistics.mean(reached):.0f} ({len(reached)}/{len(eps)})" if reached else f"- (0/{len(eps)})"
+            cells.append(f"{m:.2f} ± {sd:.2f}, {ett}")
+        best = max(means, key=means.get)
+        lines.append(f"| {h['locks']} | {h['max_turns']} | {h['warm_start_pass_rate']:.2f} | " + " | ".join(cells) + f" | {best} |")
+    text = ("Final held-out pass rate, mean ± std over seeds; then episodes to reach halfway from the warm start to 1 "
+            "(mean over the seeds that reached it, and how many did).\n\n" + "\n".join(lines) + "\n")
+    (out / "table.md").write_text(text)
+    return text
+
+
+def plot(results: dict, algos: list[str], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hs = list(results["horizons"].values())
+    fig, axes = plt.subplots(1, len(hs), figsize=(4 * len(hs), 3.2), squeeze=False)
+    for ax, h in zip(axes[0], hs):
+        for a in algos:
+            curves = [r["curve"] for r in h["runs"].values() if r["algo"] == a]
+            if not curves:
+                continue
+            n = min(len(c) for c in curves)
+            mean = np.mean([smooth(c[:n]) for c in curves], axis=0)
+            ax.plot(range(1, n + 1), mean, label=a)
+        ax.axhline(h["warm_start_pass_rate"], color="grey", ls=":", lw=1)
+        ax.set_title(f"locks {h['locks']} ({h['max_turns']} turns)")
+        ax.set_xlabel("update")
+        ax.set_ylim(0, 1)
+    axes[0][0].set_ylabel("training pass rate (smoothed)")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "curves.png", dpi=110)
+
+
+if __name__ == "__main__":
+    main()
