@@ -4,6 +4,8 @@
     agentrl sft --env agentrl/Vault-v0 --out warm/
     agentrl check-env my_pkg.envs:MyEnv
     agentrl algos
+    agentrl report RUN_DIR        # markdown + self-contained HTML report, alarm spans shaded
+    agentrl probe --env agentrl/Vault-v0 [--bakeoff] | --store RUN_DIR   # horizon report, recommended assigner
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from typing import Any
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
+
+from agentrl.stages.commands import add_dpo, add_pipeline
+from agentrl.verify.probe import add_cli as add_verify_probe
 
 console = Console(stderr=False)
 
@@ -64,6 +69,10 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", help="YAML config file (a run's config.yaml works)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", default=[], help="override any config field, e.g. rollout.group_size=4 (repeatable)")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--on-alarm", choices=["warn", "stop", "intervene"],
+                   help="on a health alarm: warn (default: show and log), stop the run, or intervene (apply the enabled interventions)")
+    p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard event files into <run>/tensorboard")
+    p.add_argument("--wandb", action="store_true", help="also log to Weights & Biases, offline, into <run>/wandb")
     p.set_defaults(func=cmd_train)
 
 
@@ -78,6 +87,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         overrides.append({"env": {"id": args.env}})
     if args.env_kw:
         overrides.append({"env": {"kwargs": _kv(args.env_kw)}})
+    if getattr(args, "on_alarm", None):
+        overrides.append({"health": {"on_alarm": args.on_alarm}})
+    if getattr(args, "tensorboard", False) or getattr(args, "wandb", False):
+        overrides.append({"log": {k: True for k in ("tensorboard", "wandb") if getattr(args, k, False)}})
     try:
         overrides += [parse_override(s) for s in args.set]
         cfg = load_config(args.config, overrides)
@@ -118,7 +131,9 @@ def add_sft(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--lr", type=float, default=None, help="default 3e-3 for the tiny model, 2e-5 for a loaded one")
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--noise", type=float, default=0.25, help="the expert's slip rate")
+    p.add_argument("--noise", type=float, default=0.35, help="the expert's slip rate")
+    p.add_argument("--data", help="JSONL of conversations to train on instead of the env's expert (needs --model)")
+    p.add_argument("--lora-r", type=int, default=0, help="train LoRA adapters of this rank (merged into the saved model); 0: full fine-tuning")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval-episodes", type=int, default=128)
     p.set_defaults(func=cmd_sft)
@@ -148,19 +163,61 @@ def cmd_sft(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as e:
         console.print(f"[red]error[/red]: {e}")
         return 2
+    if (args.data or args.lora_r) and args.model is None:
+        console.print("[red]error[/red]: --data and --lora-r fine-tune an existing model: give --model")
+        return 2
     out = Path(args.out)
     if args.model is None:
         folder = warm_start(args.env, env_kw, cfg.tiny, sft_cfg, args.seed, say=console.print)
         shutil.copytree(folder, out, dirs_exist_ok=True)
         policy = Policy.load(out)
     else:
+        from agentrl.stages.data import DataError, load_demos
+
         policy = Policy.load(args.model)
-        demos = collect_demos(lambda: make(args.env, **env_kw), policy.chat, list(range(20_000_000, 20_000_000 + args.episodes)), args.noise)
-        metrics = sft(policy.model, demos, policy.chat.pad_id, epochs=args.epochs, lr=lr, batch_size=args.batch_size, seed=args.seed)
+        try:
+            demos = (load_demos(args.data, policy.chat) if args.data else
+                     collect_demos(lambda: make(args.env, **env_kw), policy.chat, list(range(20_000_000, 20_000_000 + args.episodes)), args.noise))
+        except DataError as e:
+            console.print(f"[red]error[/red]: {e}")
+            return 2
+        model = policy.model
+        if args.lora_r:
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(model, LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, target_modules="all-linear", lora_dropout=0.0))
+        metrics = sft(model, demos, policy.chat.pad_id, epochs=args.epochs, lr=lr, batch_size=args.batch_size, seed=args.seed)
+        if args.lora_r:
+            policy.model = model.merge_and_unload()  # an ordinary HF folder, loadable without peft
         policy.save(out)
         (out / "warm_start.json").write_text(json.dumps(metrics, indent=2))
     result = evaluate(cfg, policy, cfg.rollout.sampling, getattr(policy.model.config, "max_position_embeddings", 2048))
     console.print(f"held-out pass rate {result.pass_rate:.3f} over {result.episodes} episodes; model saved to {out}")
+    return 0
+
+
+# -- report -------------------------------------------------------------------------------------
+
+
+def add_report(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="markdown + self-contained HTML report of a run (finished or still running)",
+                       description="Reads RUN_DIR/metrics.jsonl (a half-written last line is skipped), replays the health "
+                       "alarms where the run did not log them, and writes report.md, report.html (plots embedded) and the "
+                       "plots as PNG files into RUN_DIR (or --out).")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder holding metrics.jsonl")
+    p.add_argument("--out", help="folder for the report; default RUN_DIR")
+    p.set_defaults(func=cmd_report)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from agentrl.report import write_report
+
+    try:
+        paths = write_report(args.run_dir, args.out)
+    except (FileNotFoundError, ValueError) as e:
+        console.print(f"[red]error[/red]: {e}")
+        return 2
+    console.print(f"report: {paths['markdown']}\n        {paths['html']}", highlight=False)
     return 0
 
 
@@ -211,6 +268,123 @@ def cmd_algos(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- probe ----------------------------------------------------------------------------------------
+
+
+def add_probe(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "probe",
+        help="horizon report: measure episodes (a short rollout or a saved store) and recommend a credit assigner",
+        description="Measures the statistics of ALGORITHMS.md §5 (turns per episode, zero-advantage groups, a cross-validated "
+        "turn-value probe, value-change concentration, ...) on a short rollout of the current policy (--env; without --model "
+        "the cached SFT warm start) or on a saved store (--store), applies the recommendation rules, and writes report.json, "
+        "report.md and a self-contained report.html into --out. Thresholds default to the project's horizon sweep "
+        "(benchmarks/results/horizon_sweep.json) when it exists.",
+    )
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--env", help="environment id or module:Class to roll out (default agentrl/Vault-v0)")
+    src.add_argument("--store", help="a saved store: a Parquet file, a folder of them, or a run folder (its store/)")
+    p.add_argument("--env-kw", action="append", metavar="KEY=VALUE", help="environment constructor argument, e.g. locks=4 (repeatable)")
+    p.add_argument("--model", help="HF hub id or folder; default: the tiny policy's SFT warm start")
+    p.add_argument("--groups", type=int, default=8, help="tasks to roll out (default 8)")
+    p.add_argument("--group-size", type=int, help="episodes per task (default: the config's, 8)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--config", help="a train config (YAML) to take the environment, model and budget from")
+    p.add_argument("--out", default="runs/probe", help="report folder (default runs/probe)")
+    p.add_argument("--sweep", help="derive the thresholds from this horizon sweep's sweep.json instead of the committed one")
+    p.add_argument("--threshold", action="append", metavar="KEY=VALUE", default=[], help="override a threshold, e.g. horizon_cutoff=12 (repeatable)")
+    p.add_argument("--budget", type=int, help="planned training episodes (default for --env: the config's updates x groups x group size)")
+    p.add_argument("--bakeoff", action="store_true", help="also train each candidate assigner briefly from the same start and plot the learning curves")
+    p.add_argument("--bakeoff-updates", type=int, default=10, help="updates per bakeoff run (default 10)")
+    p.add_argument("--bakeoff-algos", nargs="+", help="assigners to run (default: all)")
+    p.add_argument("--bakeoff-eval", type=int, default=32, help="held-out episodes per bakeoff evaluation (default 32)")
+    p.set_defaults(func=cmd_probe)
+
+
+def _probe_table(result: Any) -> Table:
+    from agentrl.horizon_report import stat_rows
+
+    table = Table(title=f"horizon probe: {result.source}")
+    table.add_column("statistic")
+    table.add_column("value", justify="right")
+    for label, value in stat_rows(result):
+        table.add_row(label, value)
+    return table
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from agentrl.config import load_config
+    from agentrl.horizon_report import write_report
+    from agentrl.probe import ProbeThresholds, bakeoff, default_thresholds, probe_env, probe_store, thresholds_from_sweep
+    from agentrl.store import StoreError
+
+    try:
+        if args.sweep:
+            sweep_path = Path(args.sweep)
+            if not sweep_path.is_file():
+                raise FileNotFoundError(f"--sweep: no file at {sweep_path}")
+            th = thresholds_from_sweep(json.loads(sweep_path.read_text()), source=str(sweep_path))
+        else:
+            th = default_thresholds()
+        if args.threshold:
+            th = ProbeThresholds(**{**th.model_dump(), **_kv(args.threshold)})
+    except ValidationError as e:
+        console.print(f"[red]error[/red]: --threshold: {_validation_error(e)}")
+        return 2
+    except (ValueError, FileNotFoundError) as e:
+        console.print(f"[red]error[/red]: {e}")
+        return 2
+    cfg = None
+    try:
+        if args.store:
+            if args.bakeoff:
+                raise ValueError("--bakeoff trains on an environment; give --env (a store alone has none)")
+            result = probe_store(args.store, th, budget_episodes=args.budget)
+        else:
+            overrides: list[dict[str, Any]] = [{k: v for k, v in {"model": args.model, "seed": args.seed}.items() if v is not None}]
+            if args.env:
+                overrides.append({"env": {"id": args.env}})
+            if args.env_kw:
+                overrides.append({"env": {"kwargs": _kv(args.env_kw)}})
+            cfg = load_config(args.config, overrides)
+            from agentrl.core import make
+
+            make(cfg.env.id, **cfg.env.kwargs)  # fail on a bad env before building anything
+            result = probe_env(cfg, groups=args.groups, group_size=args.group_size, thresholds=th,
+                               store_out=Path(args.out) / "probe_store.parquet")
+            if args.budget is not None:
+                from agentrl.probe import recommend
+
+                rec, rules = recommend(result.stats, th, args.budget)
+                result = result.model_copy(update={"budget_episodes": args.budget, "recommendation": rec, "rules": rules})
+    except StoreError as e:
+        console.print(f"[red]error[/red]: store: {e}")
+        return 2
+    except ValidationError as e:
+        console.print(f"[red]error[/red]: {_validation_error(e)}")
+        return 2
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        console.print(f"[red]error[/red]: {e}")
+        return 2
+    runs = None
+    if args.bakeoff and cfg is not None:
+        from agentrl.algorithms import ASSIGNERS
+
+        runs = bakeoff(cfg, args.bakeoff_algos or list(ASSIGNERS), args.bakeoff_updates, args.out, args.bakeoff_eval, say=console.print)
+    paths = write_report(result, args.out, runs)
+    console.print(_probe_table(result))
+    rec = result.recommendation
+    console.print(f"[bold green]recommended assigner: {rec.algo}[/bold green] ({rec.reason})")
+    if rec.advice:
+        console.print(f"[yellow]advice[/yellow]: {rec.advice}")
+    console.print(f"thresholds: {th.source}" + (f" (sweep of {th.sweep_started})" if th.sweep_started else ""))
+    console.print(f"report: {paths['html']}  {paths['md']}  {paths['json']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentrl", description="Multi-turn agentic RL for language-model agents.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -218,12 +392,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_sft(sub)
     add_check_env(sub)
     add_algos(sub)
-    try:
-        from agentrl.verify.probe import add_cli as add_verify_probe
-    except ImportError:
-        pass
-    else:
-        add_verify_probe(sub)
+    add_report(sub)
+    add_probe(sub)
+    add_verify_probe(sub)
+    add_dpo(sub)
+    add_pipeline(sub)
     return parser
 
 

@@ -67,6 +67,14 @@ def collect_demos(make_env: Callable[[], AgentEnv], chat: ChatFormat, seeds: Seq
     return demos
 
 
+def sft_loss(logits: torch.Tensor, input_ids: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
+    """Token-mean cross-entropy of the action tokens; prompt and observation tokens are not targets."""
+    logits = logits[:, :-1].float()  # (B, T-1, V): position t predicts token t+1
+    mask = action_mask[:, 1:]  # (B, T-1)
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), input_ids[:, 1:].reshape(-1), reduction="none")
+    return (ce * mask.reshape(-1)).sum() / mask.sum().clamp(min=1)
+
+
 def sft(
     model: torch.nn.Module,
     demos: Sequence[Episode],
@@ -95,10 +103,7 @@ def sft(
         for i in range(0, len(order), batch_size):
             b = make_batch([demos[j] for j in order[i : i + batch_size]], pad_id).to(device)
             out = model(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=position_ids_from_mask(b.attention_mask), use_cache=False)
-            logits = out.logits[:, :-1].float()  # (B, T-1, V)
-            mask = b.action_mask[:, 1:]  # (B, T-1): predict action tokens only
-            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), b.input_ids[:, 1:].reshape(-1), reduction="none")
-            loss = (ce * mask.reshape(-1)).sum() / mask.sum().clamp(min=1)
+            loss = sft_loss(out.logits, b.input_ids, b.action_mask)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -1,0 +1,98 @@
+"""The three-stage recipe, one call: SFT -> DPO/SimPO/IPO -> RL, each stage in its own folder.
+
+    out/sft/   the warm-started policy (HF folder) and its metrics
+    out/dpo/   the preference-tuned policy, pairs statistics, dpo_metrics.jsonl
+    out/rl/    the RL run (config.yaml, metrics.jsonl, store/, checkpoint/, summary.json)
+    out/pipeline.json   held-out pass rate after every stage, and seconds per stage
+
+Every stage is evaluated on the same held-out seeds, so the table compares like with like.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agentrl.config import TrainConfig
+from agentrl.core import make
+from agentrl.policy import Policy
+from agentrl.rollout import rollout
+from agentrl.stages.dpo import DPOConfig, pairs_from_episodes, train_preferences
+from agentrl.stages.sft import warm_start
+
+
+def collect_groups(cfg: TrainConfig, policy: Policy, groups: int, group_size: int, seed: int) -> list:
+    """Fresh training-range tasks, `group_size` episodes each, sampled from `policy`."""
+    from agentrl.trainer import make_engine
+
+    rng = np.random.default_rng(seed + 777)
+    task_seeds = rng.integers(0, cfg.eval.seed_offset, size=groups).tolist()
+    seeds = [s for s in task_seeds for _ in range(group_size)]
+    gids = [i // group_size for i in range(len(seeds))]
+    envs = [make(cfg.env.id, **cfg.env.kwargs) for _ in seeds]
+    engine = make_engine(cfg, policy, cfg.rollout.sampling, seed=seed + 99)
+    max_ctx = getattr(policy.model.config, "max_position_embeddings", 2048)
+    episodes, _ = rollout(envs, seeds, engine, policy.chat, group_ids=gids, max_context=max_ctx, max_new_tokens=cfg.rollout.sampling.max_new_tokens)
+    return episodes
+
+
+def run_pipeline(cfg: TrainConfig, dpo: DPOConfig | None, out: str | Path, say=print) -> dict[str, Any]:
+    """SFT, then preference optimisation (skipped when `dpo` is None), then RL (skipped when
+    cfg.updates == 0). Returns the per-stage table."""
+    from agentrl.trainer import Trainer, evaluate
+
+    if cfg.model is not None:
+        raise ValueError("the pipeline builds its own SFT policy; run `agentrl dpo` / `agentrl train --model` to start from a model")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    stages: list[dict[str, Any]] = []
+    max_ctx = cfg.tiny.max_position_embeddings
+
+    def record(stage: str, policy: Policy, seconds: float, extra: dict[str, Any] | None = None) -> Any:
+        res = evaluate(cfg, policy, cfg.rollout.sampling, max_ctx)
+        stages.append({"stage": stage, "held_out_pass_rate": res.pass_rate, "seconds": round(seconds, 1), **(extra or {})})
+        say(f"[{stage}] held-out pass rate {res.pass_rate:.3f} ({seconds:.0f}s)")
+        (out / "pipeline.json").write_text(json.dumps({"stages": stages}, indent=2))
+        return res
+
+    t0 = time.perf_counter()
+    folder = warm_start(cfg.env.id, cfg.env.kwargs, cfg.tiny, cfg.sft, cfg.seed, say=say)
+    shutil.copytree(folder, out / "sft", dirs_exist_ok=True)
+    policy = Policy.load(out / "sft")
+    last = record("sft", policy, time.perf_counter() - t0)
+    current = out / "sft"
+
+    if dpo is not None:
+        t0 = time.perf_counter()
+        episodes = collect_groups(cfg, policy, dpo.groups, dpo.group_size, cfg.seed)
+        pairs, counts = pairs_from_episodes(episodes, dpo.max_pairs_per_group, cfg.seed)
+        say(f"[{dpo.loss}] {len(pairs)} pairs from {counts['groups']} groups ({counts['groups_without_pair']} all-pass or all-fail)")
+        if not pairs:  # nothing to prefer: say so in the table and go on with the SFT policy
+            stages.append({"stage": f"{dpo.loss} (skipped: no pairs)", "held_out_pass_rate": last.pass_rate,
+                           "seconds": round(time.perf_counter() - t0, 1), "pairs": 0})
+            dpo = None
+    if dpo is not None:
+        reference = copy.deepcopy(policy.model).eval().requires_grad_(False) if dpo.loss != "simpo" else None
+        log = open(out / "dpo_metrics.jsonl", "w")  # noqa: SIM115
+        try:
+            metrics = train_preferences(policy.model, reference, pairs, policy.chat.pad_id, dpo, cfg.seed, log=lambda m: log.write(json.dumps(m) + "\n"))
+        finally:
+            log.close()
+        policy.save(out / "dpo")
+        (out / "dpo" / "dpo.json").write_text(json.dumps({**metrics, **counts, "config": dpo.model_dump()}, indent=2))
+        last = record(dpo.loss, policy, time.perf_counter() - t0, {"pairs": len(pairs)})
+        current = out / "dpo"
+
+    if cfg.updates > 0:
+        t0 = time.perf_counter()
+        rl_cfg = TrainConfig(**{**cfg.model_dump(), "model": str(current), "out": str(out / "rl")})
+        summary = Trainer(rl_cfg).train(warm=last)
+        stages.append({"stage": f"rl ({cfg.algo})", "held_out_pass_rate": summary["final_pass_rate"], "seconds": round(time.perf_counter() - t0, 1)})
+        (out / "pipeline.json").write_text(json.dumps({"stages": stages}, indent=2))
+    return {"stages": stages, "out": str(out)}
