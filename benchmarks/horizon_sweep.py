@@ -69,7 +69,10 @@ def main() -> None:
     ap.add_argument("--out", default="runs/horizon-sweep")
     args = ap.parse_args()
 
+    from rich.console import Console
+
     from agentrl.config import TrainConfig
+    from agentrl.monitor import Monitor
     from agentrl.policy import Policy, TinyModelConfig
     from agentrl.stages.sft import warm_start
     from agentrl.trainer import Trainer, evaluate
@@ -82,9 +85,12 @@ def main() -> None:
     for locks in args.locks:
         slack, noise, expert = calibrate(locks)
         env_kw = {"locks": locks, "slack": slack}
+        # the same number of sum examples and of SFT steps (~375) at every horizon: fewer, longer
+        # demonstrations in smaller batches (too few steps left the 8-lock policy unable to add)
         demos = min(3000, max(300, args.lock_examples // locks))
+        batch = min(32, max(4, round(96 / locks)))
         base = TrainConfig(env={"id": "agentrl/Vault-v0", "kwargs": env_kw}, tiny=tiny,
-                           sft={"episodes": demos, "epochs": 4, "noise": noise},
+                           sft={"episodes": demos, "epochs": 4, "noise": noise, "batch_size": batch},
                            rollout={"groups": args.groups, "group_size": args.group_size},
                            eval={"episodes": args.eval_episodes, "every": 0}, updates=args.updates)
         t0 = time.perf_counter()
@@ -92,7 +98,7 @@ def main() -> None:
         policy = Policy.load(folder)
         warm = evaluate(base, policy, base.rollout.sampling, tiny.max_position_embeddings)
         h = {"locks": locks, "slack": slack, "max_turns": 2 * locks + slack, "noise": noise, "expert_pass_rate": expert,
-             "demos": demos, "warm_start_pass_rate": warm.pass_rate, "warm_start_s": time.perf_counter() - t0, "runs": {}}
+             "demos": demos, "sft_batch": batch, "warm_start_pass_rate": warm.pass_rate, "warm_start_s": time.perf_counter() - t0, "runs": {}}
         print(f"[locks {locks}] slack {slack}, noise {noise} (expert {expert:.2f}), warm start {warm.pass_rate:.3f}", flush=True)
         threshold = warm.pass_rate + 0.5 * (1 - warm.pass_rate)
         h["threshold"] = threshold
@@ -102,8 +108,8 @@ def main() -> None:
                                               "out": str(out / f"locks{locks}" / f"{algo}-seed{seed}")})
                 cfg = TrainConfig(**cfg.model_dump())  # re-validate (credit defaults for the algo)
                 t1 = time.perf_counter()
-                trainer = Trainer(cfg)
-                trainer.monitor.console.quiet = True
+                Path(cfg.out).mkdir(parents=True, exist_ok=True)
+                trainer = Trainer(cfg, monitor=Monitor(Path(cfg.out), total=cfg.updates, console=Console(quiet=True)))
                 summary = trainer.train(warm=warm)
                 rows = [json.loads(x) for x in (Path(cfg.out) / "metrics.jsonl").read_text().splitlines()]
                 curve = [r["rollout/pass_rate"] for r in rows if r.get("step", 0) >= 1 and "rollout/pass_rate" in r]
