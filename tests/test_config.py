@@ -48,7 +48,7 @@ def test_cli_rejects_bad_config_before_any_work(tmp_path, capsys):
     assert main(["train", "--set", "rollout.group_sise=3", "--out", str(out)]) == 2
     assert "rollout.group_sise" in capsys.readouterr().out
     assert main(["train", "--algo", "nope", "--out", str(out)]) == 2
-    assert "unknown algorithm 'nope'; known: grpo" in " ".join(capsys.readouterr().out.split())
+    assert "unknown algorithm 'nope'; known: arpo, gigpo, grpo, steppo, turn-ppo" in " ".join(capsys.readouterr().out.split())
     assert main(["train", "--env", "agentrl/Nope-v0", "--out", str(out)]) == 2
     assert "unknown environment" in capsys.readouterr().out
     assert not out.exists()  # nothing was started

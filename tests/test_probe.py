@@ -1,0 +1,378 @@
+"""The horizon probe: each statistic on small synthetic stores with hand-computed answers, the rule
+list, threshold derivation from a sweep, stores from disk (and broken ones), the report, the CLI."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+
+from agentrl.cli import main
+from agentrl.core import Episode, Turn
+from agentrl.horizon_report import to_html, write_report
+from agentrl.probe import (
+    ProbeStats,
+    ProbeThresholds,
+    choose_alpha,
+    concentration,
+    cv_r2,
+    default_thresholds,
+    group_folds,
+    group_outcomes,
+    learning_slope,
+    mc_returns,
+    measure,
+    post_observation_entropy,
+    probe_episodes,
+    probe_store,
+    recommend,
+    ridge_fit,
+    state_recurrence,
+    step_reward_density,
+    summarize_sweep,
+    thresholds_from_sweep,
+    tokens_per_episode,
+    turns_summary,
+    value_changes,
+)
+from agentrl.store import StoreError, TrajectoryStore
+
+
+def ep(n_turns: int, reward: float = 0.0, group: int = 0, **turn_kw) -> Episode:
+    """An episode of `n_turns` one-token actions with two-token observations."""
+    turns = [Turn(2 + 3 * k, [10 + k], [-0.5], [7, 8], **turn_kw) for k in range(n_turns)]
+    return Episode(prompt_ids=[1, 2], turns=turns, reward=reward, group_id=group)
+
+
+# -- the statistics ------------------------------------------------------------------------------
+
+
+def test_turns_summary_median_p90_mean():
+    eps = [ep(k) for k in (1, 2, 3, 4, 10)]
+    # p90 by linear interpolation: position 0.9 * 4 = 3.6 -> 4 + 0.6 * (10 - 4) = 7.6
+    assert turns_summary(eps) == pytest.approx({"median": 3.0, "p90": 7.6, "mean": 4.0})
+
+
+def test_tokens_per_episode():
+    eps = [ep(1), ep(3)]
+    # action tokens 1 and 3; context = prompt 2 + actions + observations but the last: 3 and 2 + 3 + 4 = 9
+    assert tokens_per_episode(eps) == {"action": 2.0, "context": 6.0}
+
+
+def test_step_reward_density():
+    a, b = ep(3), ep(1)
+    a.turns[1].step_reward = 0.5
+    assert step_reward_density([a, b]) == 0.25  # one of four turns
+
+
+def test_group_outcomes_counts_and_std():
+    eps = [ep(1, 1.0, 0), ep(1, 1.0, 0),  # all-pass
+           ep(1, 0.0, 1), ep(1, 0.0, 1),  # all-fail
+           ep(1, 1.0, 2), ep(1, 0.0, 2),  # mixed: std (unbiased) sqrt(0.5)
+           ep(1, 0.5, 3), ep(1, 0.5, 3),  # all equal but neither pass nor fail
+           ep(1, 1.0, 4)]                 # a group of one: no baseline, not scored
+    g = group_outcomes(eps)
+    assert (g["groups"], g["groups_scored"]) == (5, 4)
+    assert (g["zero_adv_frac"], g["all_pass_frac"], g["all_fail_frac"]) == (0.75, 0.25, 0.25)
+    assert g["reward_std_in_group"] == pytest.approx(math.sqrt(0.5) / 4)
+
+
+def test_state_recurrence_counts_shared_states_within_groups():
+    def keyed(keys, group):
+        e = ep(len(keys), group=group)
+        for t, k in zip(e.turns, keys):
+            t.state_key = k
+        return e
+
+    # group 0: "a" twice, "b" and "c" once; group 1's "a" is another group's state -> 2 of 5 turns
+    assert state_recurrence([keyed("ab", 0), keyed("ac", 0), keyed("a", 1)]) == pytest.approx(0.4)
+    assert state_recurrence([ep(2)]) is None
+
+
+def test_post_observation_entropy_reads_first_action_token():
+    a = Episode([1], [Turn(1, [5, 6], [-0.2, -3.0], [7]), Turn(4, [8], [-1.0], [9])])
+    b = Episode([1], [Turn(1, [5], [-0.6], [7])])
+    assert post_observation_entropy([a, b]) == pytest.approx((0.2 + 1.0 + 0.6) / 3)
+    assert post_observation_entropy([Episode([1], [Turn(1, [], [], [7])])]) is None
+
+
+def test_mc_returns_with_and_without_step_rewards():
+    e = ep(3, reward=1.0)
+    e.turns[0].step_reward, e.turns[2].step_reward = 0.25, 0.5
+    assert mc_returns(e, use_step_rewards=False) == [1.0, 1.0, 1.0]
+    assert mc_returns(e, use_step_rewards=True) == [1.75, 1.5, 1.5]
+
+
+def test_value_changes_and_concentration():
+    assert value_changes([0.0, 0.0, 1.0], [0.2, 0.6, 0.6]) == pytest.approx([0.4, 0.0, 0.4])
+    assert concentration([0.4, 0.0, 0.4]) == pytest.approx(0.5)
+    assert concentration([0.0, -0.3, 0.1]) == pytest.approx(0.75)
+    assert concentration([0.0, 0.0, 0.0, 0.0]) == 0.25  # nothing moves: uniform, as arpo falls back
+
+
+def test_ridge_and_cross_validated_r2():
+    x = np.arange(12, dtype=float)[:, None]
+    assert ridge_fit(x, 2 * x[:, 0] + 1, alpha=0.0)(np.array([[20.0]]))[0] == pytest.approx(41.0)
+    folds = group_folds([i // 2 for i in range(12)], k=3)
+    assert sorted(np.bincount(folds).tolist()) == [4, 4, 4]  # whole groups of two per fold
+    r2, _ = cv_r2(x, 2 * x[:, 0] + 1, folds, alpha=0.0)
+    assert r2 == pytest.approx(1.0)
+    assert cv_r2(x, np.ones(12), folds, alpha=0.0)[0] == 0.0  # nothing to learn
+    noise = np.random.default_rng(0).normal(size=(12, 1))
+    assert cv_r2(noise, 2 * x[:, 0], folds, alpha=1.0)[0] < 0.2  # uninformative features: no R²
+    groups = np.array([i // 2 for i in range(12)])
+    assert choose_alpha(x, 2 * x[:, 0], groups, [0.1, 1000.0]) == 0.1  # an exact line: the least penalty
+    wide = np.random.default_rng(1).normal(size=(12, 8))
+    assert choose_alpha(wide, np.random.default_rng(2).normal(size=12), groups, [0.1, 1000.0]) == 1000.0  # noise: shrink it all
+    assert cv_r2(x, 2 * x[:, 0] + 1, folds, alpha=None, groups=groups)[0] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_value_probe_on_hidden_states_hand_computed():
+    """Each group: one passing episode whose hidden state turns 1 after its first turn, one failing
+    episode whose state stays 0. Least squares on one binary feature gives the two cell means:
+    V(0) = 1 pass row / 4 rows = 0.25, V(1) = 1. Every training fold has the same mix, so the
+    out-of-fold values are those too. R² = 1 - SSE / SST: SST = 6N x 0.25, SSE = N (0.75² + 3 x 0.25²)
+    = 0.75 N -> 0.5. Changes: passing [0.75, 0, 0], failing [0, 0, -0.25]: both fully concentrated."""
+    eps = []
+    for g in range(6):
+        win, lose = ep(3, 1.0, g), ep(3, 0.0, g)
+        for t, h in zip(win.turns, (0.0, 1.0, 1.0)):
+            t.hidden = [h]
+        for t in lose.turns:
+            t.hidden = [0.0]
+        eps += [win, lose]
+    stats, curves = measure(eps, ProbeThresholds(ridge_alpha=0.0, cv_folds=3))
+    assert stats.value_features == "policy hidden state (H=1)"
+    assert stats.value_r2 == pytest.approx(0.5)
+    assert stats.value_change_concentration == pytest.approx(1.0)
+    assert stats.uniform_share == pytest.approx(1 / 3)
+    assert curves.value_by_turn == pytest.approx([0.25, 0.625, 0.625])
+    assert curves.return_by_turn == pytest.approx([0.5, 0.5, 0.5])
+
+
+def test_value_probe_falls_back_to_cheap_features():
+    eps = [ep(2 + (i % 3), float(i % 2), i // 2) for i in range(12)]
+    stats, _ = measure(eps, ProbeThresholds())
+    assert stats.value_features.startswith("cheap:")
+    assert stats.value_r2 is not None and stats.value_r2 <= 1.0
+    one_group = measure([ep(2, 1.0, 0), ep(2, 0.0, 0)], ProbeThresholds())[0]
+    assert one_group.value_r2 is None and one_group.value_change_concentration is None
+
+
+# -- the rules -----------------------------------------------------------------------------------
+
+
+def stats(**kw) -> ProbeStats:
+    base = dict(episodes=64, groups=8, pass_rate=0.5, reward_mean=0.5, truncated_frac=0.3, turns_median=20, turns_p90=25, turns_mean=20,
+                action_tokens_mean=100, context_tokens_mean=300, step_reward_density=0.0, zero_adv_frac=0.1, all_pass_frac=0.05,
+                all_fail_frac=0.05, reward_std_in_group=0.4, state_recurrence=0.0, value_r2=0.5, value_features="x",
+                value_change_concentration=0.08, uniform_share=0.05, post_obs_entropy=1.0)
+    return ProbeStats(**{**base, **kw})
+
+
+TH = ProbeThresholds(horizon_cutoff=10, min_budget_episodes=500)
+
+
+@pytest.mark.parametrize(
+    "kw, budget, th, rule, algo",
+    [
+        ({"episodes": 8}, None, TH, "too-few-episodes", "grpo"),
+        ({"zero_adv_frac": 0.9}, None, TH, "no-signal", "grpo"),
+        ({"turns_median": 6}, None, TH, "short-horizon", "grpo"),
+        ({}, None, TH.model_copy(update={"horizon_cutoff": None}), "short-horizon", "grpo"),
+        ({}, 100, TH, "small-budget", "grpo"),
+        ({"step_reward_density": 0.5}, 1000, TH, "dense-step-scores", "steppo"),
+        ({"value_r2": 0.05, "state_recurrence": 0.5}, None, TH, "critic-not-learnable", "gigpo"),
+        ({"value_r2": 0.05}, None, TH, "critic-not-learnable", "grpo"),
+        ({"value_change_concentration": 0.4}, None, TH, "concentrated-value-changes", "arpo"),
+        ({}, None, TH, "long-horizon", "turn-ppo"),
+        # the sweep left steppo out of the candidates: dense steps no longer pick it
+        ({"step_reward_density": 0.5}, None, TH.model_copy(update={"turn_level_candidates": ["gigpo"], "long_horizon_algo": "gigpo"}), "long-horizon", "gigpo"),
+    ],
+)
+def test_rules_first_match_fires(kw, budget, th, rule, algo):
+    rec, outcomes = recommend(stats(**kw), th, budget)
+    assert (rec.rule, rec.algo) == (rule, algo)
+    fired = next(r for r in outcomes if r.matched)
+    assert fired.name == rule and rec.reason.startswith(rule)
+    assert [r.name for r in outcomes][-1] == "long-horizon" and fired.thresholds  # says which thresholds it read
+
+
+def test_no_signal_comes_with_advice():
+    rec, _ = recommend(stats(zero_adv_frac=1.0, all_fail_frac=1.0), TH)
+    assert rec.advice and "sampling" in rec.advice
+
+
+# -- thresholds from a sweep ---------------------------------------------------------------------
+
+
+def sweep(finals: dict[int, dict[str, list[float]]], eval_episodes: int | None = None) -> dict:
+    """finals[locks][algo] = final pass rate per seed; max_turns = 2 * locks + 1."""
+    hs = {}
+    for locks, per in finals.items():
+        runs = {f"{a}/{s}": {"algo": a, "seed": s, "final_pass_rate": p, "curve": []} for a, ps in per.items() for s, p in enumerate(ps)}
+        hs[str(locks)] = {"locks": locks, "max_turns": 2 * locks + 1, "warm_start_pass_rate": 0.4, "runs": runs}
+    args = {"locks": list(finals), "updates": 20, "groups": 4, "group_size": 8}
+    if eval_episodes:
+        args["eval_episodes"] = eval_episodes
+    return {"started": "2026-01-02 03:04", "args": args, "horizons": hs}
+
+
+def test_thresholds_from_sweep_finds_the_crossover():
+    s = sweep({1: {"grpo": [0.8, 0.9], "gigpo": [0.85, 0.85], "arpo": [0.7, 0.8]},      # 3 turns: ties
+               3: {"grpo": [0.5, 0.6], "gigpo": [0.55, 0.6], "arpo": [0.5, 0.5]},      # 7 turns: gigpo +0.025, spread ~0.06
+               8: {"grpo": [0.3, 0.4], "gigpo": [0.6, 0.7], "arpo": [0.55, 0.65]}})    # 17 turns: gigpo +0.3
+    t = thresholds_from_sweep(s, source="test")
+    assert t.horizon_cutoff == (7 + 17) / 2
+    assert t.turn_level_candidates == ["arpo", "gigpo"]  # arpo's 0.60 lies within the spread of gigpo's 0.65
+    assert t.long_horizon_algo == "gigpo"
+    assert t.min_budget_episodes == 20 * 4 * 8
+    assert t.sweep_started == "2026-01-02 03:04" and "--locks 1 3 8" in t.sweep_command and t.source == "test"
+    assert "17 max turns" in t.derivation
+    # the rule list then agrees with the sweep: grpo at 7 turns, gigpo past 12
+    assert recommend(stats(turns_median=7), t, 640)[0].algo == "grpo"
+    assert recommend(stats(turns_median=17), t, 640)[0].algo == "gigpo"
+
+
+def test_thresholds_from_sweep_without_crossover_never_picks_turn_level():
+    t = thresholds_from_sweep(sweep({1: {"grpo": [0.8, 0.9], "arpo": [0.8, 0.85]}, 8: {"grpo": [0.5, 0.7], "arpo": [0.55, 0.65]}}))
+    assert t.horizon_cutoff is None and t.turn_level_candidates == []
+    assert "no horizon where a turn-level assigner beat grpo" in t.derivation
+    rec, _ = recommend(stats(turns_median=500), t)
+    assert (rec.algo, rec.rule) == ("grpo", "short-horizon") and "found no horizon" in rec.reason
+
+
+def test_sweep_spread_has_an_evaluation_floor():
+    # one seed each: no seed std, but 16 held-out episodes leave a standard error of ~0.12
+    s = sweep({1: {"grpo": [0.5], "gigpo": [0.55]}, 8: {"grpo": [0.3], "gigpo": [0.6]}}, eval_episodes=16)
+    h = summarize_sweep(s)
+    assert h[0].spread == pytest.approx(math.sqrt(0.525 * 0.475 / 16))
+    assert h[0].within == ["gigpo", "grpo"]
+    assert thresholds_from_sweep(s).horizon_cutoff == (3 + 17) / 2  # +0.05 at 3 turns is noise; +0.3 at 17 is not
+
+
+def test_thresholds_from_sweep_needs_grpo():
+    with pytest.raises(ValueError, match="no grpo runs"):
+        thresholds_from_sweep(sweep({1: {"arpo": [0.5]}}))
+
+
+def test_default_thresholds_load_the_committed_sweep_or_fall_back(tmp_path):
+    assert default_thresholds(tmp_path / "missing.json").source == "literature"
+    f = tmp_path / "horizon_sweep.json"
+    f.write_text(json.dumps(sweep({1: {"grpo": [0.5, 0.6]}, 8: {"grpo": [0.2, 0.3], "turn-ppo": [0.6, 0.7]}})))
+    t = default_thresholds(f)
+    assert t.source == str(f) and t.horizon_cutoff == 10.0 and t.long_horizon_algo == "turn-ppo"
+    f.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        default_thresholds(f)
+
+
+# -- stores from disk, the report, the CLI --------------------------------------------------------
+
+
+def synthetic_store(n_groups: int = 8, G: int = 4) -> TrajectoryStore:
+    eps = []
+    for g in range(n_groups):
+        for i in range(G):
+            e = ep(2 + (i + g) % 3, float((i + g) % 2), g)
+            for t in e.turns:
+                t.state_key = "s"  # one state: every turn recurs
+            eps.append(e)
+    return TrajectoryStore(eps)
+
+
+def test_probe_a_saved_store_without_env_or_model(tmp_path):
+    store = synthetic_store()
+    run = tmp_path / "run"
+    store.save(run / "store" / "update_00001_0.parquet")
+    direct = probe_store(store, ProbeThresholds())
+    from_file = probe_store(run / "store" / "update_00001_0.parquet", ProbeThresholds())
+    from_run = probe_store(run, ProbeThresholds())  # a run folder: its store/
+    assert from_file.stats == direct.stats == from_run.stats
+    assert from_file.source.endswith("update_00001_0.parquet")
+    assert direct.stats.episodes == 32 and direct.stats.state_recurrence == 1.0
+
+
+def test_corrupt_or_missing_store_gives_a_clear_error(tmp_path):
+    with pytest.raises(StoreError, match="no store at"):
+        probe_store(tmp_path / "nowhere")
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"PAR1 this is not parquet")
+    with pytest.raises(StoreError, match="bad.parquet is not a readable Parquet file"):
+        probe_store(bad)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(StoreError, match="holds no .parquet files"):
+        probe_store(tmp_path / "empty")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"x": [1, 2]}), tmp_path / "other.parquet")
+    with pytest.raises(StoreError, match="not an agentrl store: missing columns"):
+        probe_store(tmp_path / "other.parquet")
+
+
+def test_report_is_self_contained(tmp_path):
+    result = probe_episodes(synthetic_store().episodes, ProbeThresholds(horizon_cutoff=2))
+    paths = write_report(result, tmp_path)
+    page = paths["html"].read_text()
+    assert "<script" not in page and "http://" not in page and "https://" not in page and "@import" not in page
+    srcs = re.findall(r'src="([^"]+)"', page)
+    assert len(srcs) == 4 and all(s.startswith("data:image/png;base64,") for s in srcs)
+    assert all(base64.b64decode(s.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n" for s in srcs)
+    data = json.loads(paths["json"].read_text())
+    assert data["probe"]["recommendation"]["algo"] == result.recommendation.algo
+    md = paths["md"].read_text()
+    assert "Recommended assigner" in md and "turns.png" in md and (tmp_path / "turns.png").is_file()
+    assert "<img" not in to_html(result, images={})
+
+
+def test_learning_slope():
+    assert learning_slope([0.2, 0.4, 0.6, 0.8]) == pytest.approx(0.2)
+    assert learning_slope([0.5]) == 0.0
+
+
+def test_cli_probe_store(tmp_path, capsys):
+    synthetic_store().save(tmp_path / "s.parquet")
+    rc = main(["probe", "--store", str(tmp_path / "s.parquet"), "--out", str(tmp_path / "rep"), "--threshold", "horizon_cutoff=2",
+               "--threshold", "min_episodes=8"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "recommended assigner" in out and "turn-value probe" in out
+    report = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert report["probe"]["thresholds"]["horizon_cutoff"] == 2.0
+
+
+def test_cli_probe_errors(tmp_path, capsys):
+    bad = tmp_path / "bad.parquet"
+    bad.write_text("garbage")
+    assert main(["probe", "--store", str(bad), "--out", str(tmp_path / "rep")]) == 2
+    assert "not a readable Parquet file" in capsys.readouterr().out
+    assert main(["probe", "--store", str(bad), "--threshold", "horizon_cutof=3"]) == 2
+    assert "horizon_cutof" in capsys.readouterr().out
+
+
+def test_probe_env_rolls_out_with_hidden_states(vault_policy, tmp_path):
+    from agentrl.config import TrainConfig
+    from agentrl.probe import probe_env
+
+    cfg = TrainConfig(env={"id": "agentrl/Vault-v0", "kwargs": {"locks": 1, "slack": 1}}, updates=2,
+                      rollout={"groups": 2, "group_size": 2, "sampling": {"max_new_tokens": 8}})
+    r = probe_env(cfg, groups=2, group_size=2, policy=vault_policy, store_out=tmp_path / "p.parquet")
+    assert r.stats.episodes == 4 and r.budget_episodes == 8
+    assert r.stats.value_features == "policy hidden state (H=16)"
+    assert len(TrajectoryStore.load(tmp_path / "p.parquet")) == 4
+
+
+def test_bakeoff_runs_each_assigner_from_the_same_start(vault_policy_dir, tmp_path):
+    from agentrl.config import TrainConfig
+    from agentrl.probe import bakeoff
+
+    cfg = TrainConfig(env={"id": "agentrl/Vault-v0", "kwargs": {"locks": 1, "slack": 1}}, model=str(vault_policy_dir), device="cpu",
+                      rollout={"groups": 1, "group_size": 2, "sampling": {"max_new_tokens": 8}}, eval={"episodes": 2})
+    runs = bakeoff(cfg, ["grpo", "gigpo"], updates=2, out=tmp_path, eval_episodes=2, say=lambda _: None)
+    assert [r.algo for r in runs] == ["grpo", "gigpo"]
+    assert all(len(r.curve) == 2 for r in runs) and runs[0].warm_pass_rate == runs[1].warm_pass_rate
+    assert (tmp_path / "bakeoff-gigpo" / "summary.json").is_file()
