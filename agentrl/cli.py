@@ -56,7 +56,8 @@ def add_train(sub: argparse._SubParsersAction) -> None:
         "demonstrations (cached under $AGENTRL_CACHE, default ~/.cache/agentrl). Writes config.yaml, "
         "metrics.jsonl, store/*.parquet, checkpoint/ and summary.json into the run folder.",
     )
-    p.add_argument("--algo", help="credit assigner (see `agentrl algos`); default grpo")
+    p.add_argument("--algo", help="credit assigner (see `agentrl algos`), or auto: run the horizon probe first and train with "
+                   "its recommendation; default grpo")
     p.add_argument("--preset", choices=["dapo", "dr-grpo"], help="fill in a published recipe's settings")
     p.add_argument("--env", help="environment id or module:Class; default agentrl/Vault-v0")
     p.add_argument("--env-kw", action="append", metavar="KEY=VALUE", help="environment constructor argument, e.g. locks=4 (repeatable)")
@@ -80,7 +81,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from agentrl.config import load_config, parse_override
 
     overrides: list[dict[str, Any]] = []
-    flat = {"algo": args.algo, "preset": args.preset, "model": args.model, "engine": args.engine, "device": args.device,
+    auto = args.algo == "auto"
+    flat = {"algo": None if auto else args.algo, "preset": args.preset, "model": args.model, "engine": args.engine, "device": args.device,
             "updates": args.updates, "seed": args.seed, "out": args.out}
     overrides.append({k: v for k, v in flat.items() if v is not None})
     if args.env:
@@ -112,6 +114,18 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 2
     from agentrl.trainer import Trainer
 
+    if auto:
+        from agentrl.config import TrainConfig
+        from agentrl.probe import recommend_for_config
+
+        console.print("--algo auto: probing the environment with the starting policy first")
+        algo, reason = recommend_for_config(cfg)
+        console.print(f"[bold]--algo auto -> {algo}[/bold]: {reason}")
+        try:
+            cfg = TrainConfig(**{**cfg.model_dump(), "algo": algo})
+        except ValidationError as e:  # credit options given for one assigner may not fit another
+            console.print(f"[red]error[/red]: the probe chose {algo}, but {_validation_error(e)}")
+            return 2
     Trainer(cfg).train()
     return 0
 
@@ -318,7 +332,14 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
     from agentrl.config import load_config
     from agentrl.horizon_report import write_report
-    from agentrl.probe import ProbeThresholds, bakeoff, default_thresholds, probe_env, probe_store, thresholds_from_sweep
+    from agentrl.probe import (
+        ProbeThresholds,
+        bakeoff,
+        default_thresholds,
+        probe_env,
+        probe_store,
+        thresholds_from_sweep,
+    )
     from agentrl.store import StoreError
 
     try:

@@ -25,6 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from agentrl.engines.base import SamplingConfig
+from agentrl.health import HealthConfig
 from agentrl.loss import LossConfig
 from agentrl.policy import TinyModelConfig
 
@@ -78,6 +79,12 @@ class EvalConfig(Strict):
     seed_offset: int = Field(1_000_000, ge=0, description="Held-out seeds start here; training seeds stay below it.")
 
 
+class LogConfig(Strict):
+    tensorboard: bool = Field(False, description="Also write TensorBoard event files into <run>/tensorboard (needs `tensorboard`); off: metrics.jsonl always has everything.")
+    wandb: bool = Field(False, description="Also log to Weights & Biases in offline mode into <run>/wandb (needs `wandb`); offline, since runs here have no network.")
+    wandb_project: str = Field("agentrl", description="W&B project name for `wandb sync` later.")
+
+
 class TrainConfig(Strict):
     """Everything `agentrl train` needs; the defaults run the main job on a 2-core CPU in minutes."""
 
@@ -97,6 +104,8 @@ class TrainConfig(Strict):
     sft: SFTConfig = Field(default_factory=SFTConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig, description="Alarms (entropy collapse, KL drift, stalls, verifier over-fit, ...) and interventions; see agentrl.health.")
+    log: LogConfig = Field(default_factory=LogConfig, description="Optional loggers beside metrics.jsonl.")
 
     @model_validator(mode="before")
     @classmethod

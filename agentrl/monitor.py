@@ -1,8 +1,19 @@
-"""Run metrics: `metrics.jsonl` (one JSON object per update), and the live console.
+"""Run metrics: `metrics.jsonl` (one JSON object per update, alarm states included), the live
+console, and optional TensorBoard / Weights & Biases (offline) loggers.
 
-The console shows one row per update (update | pass rate | reward | entropy | KL | zero-adv |
-tokens/s) under a progress bar; when output is not a terminal (CI, a log file) it prints the
-same rows as plain lines.
+The console table has ALGORITHMS.md §4's shape, step | pass_rate | entropy | KL | ... | status,
+with the status coloured (green healthy, yellow a notice, red an alarm); an alarm that turns on or
+clears, and every intervention, is also printed as a line of its own. When output is not a terminal
+(CI, a log file) the same rows print as plain lines.
+
+>>> import tempfile, io
+>>> from rich.console import Console
+>>> d = tempfile.mkdtemp()
+>>> m = Monitor(d, total=1, console=Console(file=io.StringIO(), width=200))
+>>> m.log({"step": 1, "rollout/pass_rate": 0.5, "health/status": "healthy", "health/level": "healthy"})
+>>> m.close()
+>>> open(d + "/metrics.jsonl").read().count("pass_rate")
+1
 """
 
 from __future__ import annotations
@@ -17,18 +28,21 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
+# (header, metric key, format); the first four and the last follow ALGORITHMS.md §4's dashboard
 COLUMNS = [
-    ("update", "step", "{:.0f}"),
-    ("pass", "rollout/pass_rate", "{:.2f}"),
-    ("held-out", "eval/pass_rate", "{:.2f}"),
-    ("reward", "rollout/reward_mean", "{:.2f}"),
+    ("step", "step", "{:.0f}"),
+    ("pass_rate", "rollout/pass_rate", "{:.2f}"),
     ("entropy", "train/entropy", "{:.3f}"),
     ("KL", "train/kl", "{:.4f}"),
+    ("held-out", "eval/pass_rate", "{:.2f}"),
     ("zero-adv", "credit/zero_adv_frac", "{:.2f}"),
     ("turns", "rollout/turns_mean", "{:.1f}"),
     ("tok/s", "rollout/tokens_per_s", "{:.0f}"),
 ]
+STATUS_STYLE = {"healthy": "green", "notice": "yellow", "alarm": "bold red"}
+SKIP_SCALARS = {"step", "time", "final"}
 
 
 def _fmt(row: dict[str, Any], key: str, fmt: str) -> str:
@@ -38,10 +52,62 @@ def _fmt(row: dict[str, Any], key: str, fmt: str) -> str:
     return fmt.format(v)
 
 
-class Monitor:
-    """Writes metrics.jsonl and drives the console for one run."""
+def status_text(row: dict[str, Any]) -> Text:
+    """The status cell: the row's `health/status`, coloured by `health/level`."""
+    status = row.get("health/status", "-")
+    return Text(str(status), style=STATUS_STYLE.get(str(row.get("health/level")), ""))
 
-    def __init__(self, out: Path, total: int, console: Console | None = None, rows_shown: int = 12):
+
+def scalars(row: dict[str, Any]) -> dict[str, float]:
+    """The numeric metrics of a row (what TensorBoard and W&B get): strings and lists stay in the jsonl."""
+    return {k: float(v) for k, v in row.items() if k not in SKIP_SCALARS and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+class TensorBoardLogger:
+    """Scalars into <run>/tensorboard. The final evaluation goes under `final/...`, so that its step
+    (the last update's) does not hold two values for `eval/pass_rate`."""
+
+    def __init__(self, folder: Path):
+        from torch.utils.tensorboard import SummaryWriter  # needs the `tensorboard` package
+
+        self.folder = folder
+        self.writer = SummaryWriter(log_dir=str(folder))
+
+    def log(self, row: dict[str, Any]) -> None:
+        prefix = "final/" if row.get("final") else ""
+        for k, v in scalars(row).items():
+            self.writer.add_scalar(prefix + k, v, global_step=int(row["step"]))
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbLogger:
+    """Weights & Biases in offline mode (no network here); `wandb sync <run>/wandb/...` uploads later."""
+
+    def __init__(self, folder: Path, project: str, config: dict[str, Any] | None):
+        import wandb
+
+        folder.mkdir(parents=True, exist_ok=True)
+        self.wandb = wandb
+        self.run = wandb.init(mode="offline", dir=str(folder), project=project, config=config or {})
+
+    def log(self, row: dict[str, Any]) -> None:
+        if row.get("final"):
+            self.run.summary.update({f"final/{k}": v for k, v in scalars(row).items()})
+            return
+        self.run.log(scalars(row), step=int(row["step"]))
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class Monitor:
+    """Writes metrics.jsonl, drives the console and feeds the optional loggers for one run."""
+
+    def __init__(self, out: Path | str, total: int, console: Console | None = None, rows_shown: int = 12,
+                 tensorboard: bool = False, wandb: bool = False, wandb_project: str = "agentrl", config: dict[str, Any] | None = None):
         self.out = Path(out)
         self.console = console or Console()
         self.total = total
@@ -56,6 +122,18 @@ class Monitor:
         self._task = None
         self._sft_task = None
         self._t0 = time.time()
+        self._alarms_on: set[str] = set()
+        self.loggers: list[Any] = []
+        if tensorboard:
+            self._add_logger("tensorboard", lambda: TensorBoardLogger(self.out / "tensorboard"))
+        if wandb:
+            self._add_logger("wandb", lambda: WandbLogger(self.out / "wandb", wandb_project, config))
+
+    def _add_logger(self, name: str, make: Any) -> None:
+        try:
+            self.loggers.append(make())
+        except ImportError as e:  # optional: say so once and go on with metrics.jsonl
+            self.say(f"[yellow]{name} logging skipped[/yellow]: {e} (pip install {name})")
 
     def say(self, text: str) -> None:
         self.console.print(text)
@@ -73,42 +151,66 @@ class Monitor:
             self._progress.stop()
             self._progress.remove_task(self._sft_task)
 
-    def _table(self) -> Table:
+    def table(self) -> Table:
+        """The dashboard: the last `rows_shown` updates, status coloured."""
         table = Table(box=None, header_style="bold")
         for name, _, _ in COLUMNS:
             table.add_column(name, justify="right")
+        table.add_column("status", justify="left")
         for row in self.rows[-self.rows_shown :]:
-            table.add_row(*(_fmt(row, k, f) for _, k, f in COLUMNS))
+            table.add_row(*(_fmt(row, k, f) for _, k, f in COLUMNS), status_text(row))
         return table
+
+    def _announce(self, record: dict[str, Any]) -> None:
+        """A line when an alarm turns on or clears, and one per intervention: the table scrolls away, these stay."""
+        step = record.get("step", 0)
+        on = {r.split(":", 1)[0]: r for r in record.get("health/reasons", []) if ":" in r}
+        for name in sorted(set(on) - self._alarms_on):
+            self._print(f"[bold red]ALARM[/bold red] step {step:.0f}  {on[name]}")
+        for name in sorted(self._alarms_on - set(on)):
+            self._print(f"[green]cleared[/green] step {step:.0f}  {name}")
+        self._alarms_on = set(on)
+        for action in record.get("health/actions", []):
+            self._print(f"[cyan]intervene[/cyan] step {step:.0f}  {action}")
+
+    def _print(self, text: str) -> None:
+        (self._live.console if self._live is not None else self.console).print(text, highlight=False)
 
     def log(self, metrics: dict[str, Any]) -> None:
         """Record one update's metrics (must hold `step`)."""
         record = {"time": round(time.time() - self._t0, 3), **metrics}
         self._file.write(json.dumps(record) + "\n")
+        for logger in self.loggers:
+            logger.log(record)
         if metrics.get("final"):
             self.console.print(f"final held-out pass rate {metrics.get('eval/pass_rate', float('nan')):.3f}")
             return
         self.rows.append(record)
         if metrics.get("step", 0) == 0:
             return
+        self._announce(record)
         if not self.console.is_terminal:
             line = "  ".join(f"{name} {_fmt(record, k, f)}" for name, k, f in COLUMNS)
-            self.console.print(line, highlight=False)
+            self.console.print(Text(line + "  status ") + status_text(record))
             return
         if self._live is None:
             self._task = self._progress.add_task("RL", total=self.total)
-            self._live = Live(Group(self._table(), self._progress), console=self.console, refresh_per_second=4)
+            self._live = Live(Group(self.table(), self._progress), console=self.console, refresh_per_second=4)
             self._live.start()
         self._progress.update(self._task, completed=metrics["step"])
-        self._live.update(Group(self._table(), self._progress))
+        self._live.update(Group(self.table(), self._progress))
 
     def close(self, summary: dict[str, Any] | None = None) -> None:
         if self._live is not None:
             self._live.stop()
             self._live = None
         self._file.close()
+        for logger in self.loggers:
+            logger.close()
+        self.loggers = []
         if summary:
+            stopped = f"; stopped early: {summary['stopped']}" if summary.get("stopped") else ""
             self.console.print(
                 f"[bold]done[/bold]: held-out pass rate {summary['warm_start_pass_rate']:.3f} -> {summary['final_pass_rate']:.3f} "
-                f"in {summary['wall_s']:.0f}s; summary in {self.out / 'summary.json'}"
+                f"in {summary['wall_s']:.0f}s; summary in {self.out / 'summary.json'}{stopped}"
             )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from agentrl.core import Episode, make
 from agentrl.credit import Credit
 from agentrl.engines.base import SamplingConfig
 from agentrl.engines.torch_engine import TorchEngine
+from agentrl.health import Action, Knobs, check, plan
 from agentrl.loss import policy_loss
 from agentrl.monitor import Monitor
 from agentrl.policy import Policy, token_stats
@@ -50,7 +52,8 @@ class EvalResult:
     episodes: int
 
     def metrics(self, prefix: str = "eval") -> dict[str, float]:
-        return {f"{prefix}/pass_rate": self.pass_rate, f"{prefix}/reward_mean": self.reward_mean, f"{prefix}/turns_mean": self.turns_mean}
+        return {f"{prefix}/pass_rate": self.pass_rate, f"{prefix}/reward_mean": self.reward_mean, f"{prefix}/turns_mean": self.turns_mean,
+                f"{prefix}/episodes": float(self.episodes)}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -66,10 +69,20 @@ def make_engine(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig, seed
     return TorchEngine(policy.model, sampling, chat.stop_ids, chat.eos_id, chat.pad_id, seed=seed, capture_hidden=capture_hidden)
 
 
+def heldout_env_kwargs(cfg: TrainConfig) -> dict[str, Any]:
+    """The environment's arguments for held-out evaluation: an env with a `split` attribute (Code-v0)
+    is built with split="eval", i.e. on tasks and verifier tests that training never sees."""
+    kwargs = dict(cfg.env.kwargs)
+    if "split" not in kwargs and hasattr(make(cfg.env.id, **kwargs), "split"):
+        kwargs["split"] = "eval"
+    return kwargs
+
+
 def evaluate(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig, max_context: int) -> EvalResult:
     """Pass rate on the held-out seeds (the same seeds every time, so evaluations compare)."""
     n = cfg.eval.episodes
-    envs = [make(cfg.env.id, **cfg.env.kwargs) for _ in range(n)]
+    kwargs = heldout_env_kwargs(cfg)
+    envs = [make(cfg.env.id, **kwargs) for _ in range(n)]
     seeds = [cfg.eval.seed_offset + i for i in range(n)]
     engine = make_engine(cfg, policy, sampling, seed=cfg.seed + 12345)
     episodes, _ = rollout(envs, seeds, engine, policy.chat, max_context=max_context, max_new_tokens=sampling.max_new_tokens)
@@ -110,11 +123,13 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, monitor: Monitor | None = None):
         from accelerate import Accelerator
 
+        cfg = cfg.model_copy(deep=True)  # interventions turn knobs on this copy, never on the caller's config
         self.cfg = cfg
         self.out = Path(cfg.out or f"runs/{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "config.yaml").write_text(cfg.to_yaml())
-        self.monitor = monitor or Monitor(self.out, total=cfg.updates)
+        self.monitor = monitor or Monitor(self.out, total=cfg.updates, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb,
+                                          wandb_project=cfg.log.wandb_project, config=cfg.model_dump(mode="json"))
         self.monitor.say(f"run folder: {self.out}")
 
         random.seed(cfg.seed)
@@ -142,6 +157,46 @@ class Trainer:
         self.engine = make_engine(cfg, self.policy, cfg.rollout.sampling, seed=cfg.seed, capture_hidden=needs_hidden)
         self.task_rng = np.random.default_rng(cfg.seed)
         self.next_group = 0
+        # held-out evaluation samples as configured, whatever temperature an intervention chose
+        self.eval_sampling = cfg.rollout.sampling.model_copy()
+        self.history: list[dict[str, Any]] = []  # every logged row: what the alarms read
+        self.last_acted: dict[str, float] = {}  # intervention -> step it last acted (cooldowns)
+
+    # -- health: knobs the interventions may turn, and applying their actions ----------------------
+
+    def knobs(self) -> Knobs:
+        cfg = self.cfg
+        return Knobs(entropy_coef=cfg.loss.entropy_coef, kl_coef=cfg.loss.kl_coef, temperature=cfg.rollout.sampling.temperature,
+                     base_temperature=self.eval_sampling.temperature,
+                     dynamic_sampling=getattr(cfg.credit_config, "dynamic_sampling", None),
+                     verifier_tests=getattr(self.envs[0], "hidden_per_episode", None))
+
+    def apply(self, action: Action) -> None:
+        """Turn one knob. Each is one the loss, the sampler, the assigner's config or the env owns."""
+        cfg = self.cfg
+        if action.knob == "entropy_coef":
+            cfg.loss.entropy_coef = float(action.new)
+        elif action.knob == "kl_coef":
+            cfg.loss.kl_coef = float(action.new)
+        elif action.knob == "temperature":
+            cfg.rollout.sampling.temperature = float(action.new)  # the engine samples with this same object
+        elif action.knob == "dynamic_sampling":
+            cfg.credit = {**cfg.credit, "dynamic_sampling": action.new}
+            if hasattr(getattr(self.assigner, "cfg", None), "dynamic_sampling"):
+                self.assigner.cfg = self.assigner.cfg.model_copy(update={"dynamic_sampling": action.new})
+        elif action.knob == "verifier_tests":
+            for env in self.envs:  # verifier rotation: each episode draws this many hidden tests from the pool
+                env.hidden_per_episode = int(action.new)
+        else:
+            raise ValueError(f"intervention {action.intervention!r} names an unknown knob {action.knob!r}")
+        self.last_acted[action.intervention] = float(self.history[-1]["step"]) if self.history else 0.0
+
+    def knob_metrics(self) -> dict[str, float]:
+        k = self.knobs()
+        out = {"train/entropy_coef": k.entropy_coef, "train/kl_coef": k.kl_coef, "rollout/temperature": k.temperature}
+        if k.verifier_tests is not None:
+            out["rollout/verifier_tests"] = float(k.verifier_tests)
+        return out
 
     # -- one update, in order ---------------------------------------------------------------------
 
@@ -197,22 +252,46 @@ class Trainer:
                 ts = token_stats(self.model, mb.input_ids, mb.attention_mask, cfg.rollout.sampling.temperature or 1.0, entropy=True)
                 loss, s = policy_loss(ts.logp, mb.behaviour_logp, adv[chunk], mb.action_mask, cfg.loss,
                                       ref_logp=ref_logp[chunk], entropy=ts.entropy, turn_index=mb.turn_index)
-                if not torch.isfinite(loss):
-                    raise FloatingPointError(f"non-finite loss {loss.item()} at {s}")
                 self.optimizer.zero_grad(set_to_none=True)
-                self.accelerator.backward(loss)
-                gn = self.accelerator.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)
-                s["grad_norm"] = float(gn)
-                self.optimizer.step()
+                if torch.isfinite(loss):
+                    self.accelerator.backward(loss)
+                    gn = self.accelerator.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)
+                    s["grad_norm"] = float(gn)
+                else:
+                    s["grad_norm"] = float("nan")
+                # a non-finite loss or gradient skips the step (the weights stay sound) and raises the
+                # NON-FINITE alarm, which ends the run after logging it
+                if math.isfinite(s["grad_norm"]):
+                    self.optimizer.step()
+                else:
+                    s["nonfinite_steps"] = 1.0
+                    self.optimizer.zero_grad(set_to_none=True)
                 tokens += int(mb.attention_mask.sum())
                 for k, v in s.items():
                     stats.setdefault(k, []).append(v)
         self.model.eval()
         secs = time.perf_counter() - t0
         out = {f"train/{k}": float(np.mean(v)) for k, v in stats.items()}
+        out["train/clip_frac"] = out.get("train/clip_low_frac", 0.0) + out.get("train/clip_high_frac", 0.0)
         out["train/trained_episodes"] = float(batch.size)
         out["train/tokens_per_s"] = tokens / secs if secs > 0 else 0.0
         return out
+
+    def check_health(self, row: dict[str, Any]) -> str | None:
+        """Alarm states into the row, interventions planned and applied, the row logged; returns why
+        the run must stop (on_alarm=stop, or a non-finite loss/gradient), else None."""
+        hc = self.cfg.health
+        health = check(self.history + [row], hc)
+        row.update(health.metrics())
+        actions = plan(self.history + [row], health, self.knobs(), hc, self.last_acted)
+        self.history.append(row)
+        if actions:
+            row["health/actions"] = [str(a) for a in actions]
+            for a in actions:
+                self.apply(a)
+        self.monitor.log(row)
+        fatal = [a for a in health.alarms if a.name == "NON-FINITE" or hc.on_alarm == "stop"]
+        return f"step {row['step']}: {fatal[0].name}: {fatal[0].reason}" if fatal else None
 
     # -- the run ------------------------------------------------------------------------------------
 
@@ -222,10 +301,13 @@ class Trainer:
         t_start = time.perf_counter()
         self.monitor.say(f"policy: {self.policy.num_parameters:,} parameters; assigner: {cfg.algo}; {cfg.updates} updates of "
                          f"{cfg.rollout.groups}x{cfg.rollout.group_size} episodes on {cfg.env.id}")
-        warm = warm or evaluate(cfg, self.policy, cfg.rollout.sampling, self.max_context)
+        warm = warm or evaluate(cfg, self.policy, self.eval_sampling, self.max_context)
         self.monitor.say(f"warm start: held-out pass rate {warm.pass_rate:.3f} over {warm.episodes} episodes")
-        self.monitor.log({"step": 0, **warm.metrics()})
+        self.history.append({"step": 0, **warm.metrics()})
+        self.monitor.log(self.history[-1])
         last_eval = warm
+        stopped: str | None = None
+        done = 0
         for update in range(1, cfg.updates + 1):
             t0 = time.perf_counter()
             episodes, metrics = self.collect(update)
@@ -237,15 +319,22 @@ class Trainer:
             fit_metrics = self.assigner.fit(batch)
             credit = self.assigner.assign(batch)
             metrics.update({f"credit/{k}": v for k, v in {**fit_metrics, **credit.metrics}.items()})
+            if metrics.get("credit/groups"):
+                metrics["credit/all_pass_frac"] = metrics.get("credit/all_pass_groups", 0.0) / metrics["credit/groups"]
+                metrics["credit/all_fail_frac"] = metrics.get("credit/all_fail_groups", 0.0) / metrics["credit/groups"]
+            metrics.update(self.knob_metrics())  # the knobs this update ran with
             metrics.update(self.optimize(batch, credit))
             metrics["time/rollout_s"] = t_roll
             metrics["time/update_s"] = time.perf_counter() - t0
             if cfg.eval.every and update % cfg.eval.every == 0 and update != cfg.updates:
-                last_eval = evaluate(cfg, self.policy, cfg.rollout.sampling, self.max_context)
+                last_eval = evaluate(cfg, self.policy, self.eval_sampling, self.max_context)
                 metrics.update(last_eval.metrics())
-            self.monitor.log({"step": update, **metrics})
-        final = evaluate(cfg, self.policy, cfg.rollout.sampling, self.max_context) if cfg.updates else last_eval
-        self.monitor.log({"step": cfg.updates, **final.metrics(), "final": True})
+            done = update
+            stopped = self.check_health({"step": update, **metrics})
+            if stopped:
+                break
+        final = evaluate(cfg, self.policy, self.eval_sampling, self.max_context) if done else last_eval
+        self.monitor.log({"step": done, **final.metrics(), "final": True})
         ckpt = self.out / "checkpoint"
         self.accelerator.unwrap_model(self.model).save_pretrained(ckpt)
         self.policy.tokenizer.save_pretrained(ckpt)
@@ -254,6 +343,10 @@ class Trainer:
             "env": cfg.env.id,
             "env_kwargs": cfg.env.kwargs,
             "updates": cfg.updates,
+            "updates_done": done,
+            "stopped": stopped,
+            "alarms": sorted({r.split(":", 1)[0] for row in self.history for r in row.get("health/reasons", []) if ":" in r}),
+            "interventions": [a for row in self.history for a in row.get("health/actions", [])],
             "seed": cfg.seed,
             "warm_start_pass_rate": warm.pass_rate,
             "final_pass_rate": final.pass_rate,

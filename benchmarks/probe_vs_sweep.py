@@ -54,7 +54,7 @@ def main() -> None:
         env_kw = {"locks": locks, "slack": h["slack"]}
         # the sweep's warm start, argument for argument (benchmarks/horizon_sweep.py, main)
         cfg = TrainConfig(env={"id": "agentrl/Vault-v0", "kwargs": env_kw}, tiny=tiny,
-                          sft={"episodes": h["demos"], "epochs": 4, "noise": h["noise"]},
+                          sft={"episodes": h["demos"], "epochs": 4, "noise": h["noise"], "batch_size": h.get("sft_batch", 32)},
                           rollout={"groups": sargs.get("groups", 4), "group_size": sargs.get("group_size", 8)},
                           eval={"episodes": sargs.get("eval_episodes", 128), "every": 0}, updates=sargs.get("updates", 20))
         folder = warm_start(cfg.env.id, env_kw, tiny, cfg.sft, seed=0)

@@ -1,0 +1,229 @@
+"""`agentrl report RUN_DIR`: a markdown and a self-contained HTML report of a run, with plots.
+
+Works on a finished run and on one still running: `metrics.jsonl` is read line by line and a
+half-written last line is skipped. Alarm spans come from the states the run logged (`health/*`);
+a run without them (older, or logged elsewhere) is replayed through `agentrl.health.check`.
+
+>>> import json, tempfile, pathlib
+>>> d = pathlib.Path(tempfile.mkdtemp())
+>>> rows = [{"step": s, "rollout/pass_rate": 0.1 * s, "train/entropy": 1.0} for s in range(1, 4)]
+>>> _ = (d / "metrics.jsonl").write_text("\\n".join(map(json.dumps, rows)) + '\\n{"step": 4, "rollo')
+>>> paths = write_report(d)
+>>> sorted(paths), "still running" in paths["markdown"].read_text()
+(['html', 'markdown', 'plots'], True)
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agentrl.health import ALARMS, HealthConfig, alarm_spans, replay, series
+
+Row = dict[str, Any]
+ALARM_COLOURS = {"ENTROPY COLLAPSE": "#d62728", "STALLED": "#7f7f7f", "KL DRIFT": "#9467bd", "VERIFIER OVERFIT": "#ff7f0e",
+                 "TRUNCATION BLOW-UP": "#8c564b", "NON-FINITE": "#000000"}
+# (file name, title, [(metric, label)], y label)
+PLOTS = [
+    ("pass_rate", "Pass rate: train vs held-out", [("rollout/pass_rate", "train (rollout)"), ("eval/pass_rate", "held-out")], "pass rate"),
+    ("entropy", "Entropy of action tokens", [("train/entropy", "entropy")], "nats / token"),
+    ("kl", "KL to the reference (k3)", [("train/kl", "KL")], "per token"),
+    ("zero_adv", "Zero-advantage groups", [("credit/zero_adv_frac", "zero-advantage"), ("credit/all_pass_frac", "all pass"),
+                                           ("credit/all_fail_frac", "all fail")], "fraction of groups"),
+    ("clip", "Clip fraction", [("train/clip_low_frac", "low (A < 0)"), ("train/clip_high_frac", "high (A > 0)")], "fraction of tokens"),
+    ("length", "Episode length", [("rollout/turns_mean", "turns"), ("rollout/truncated_frac", "truncated fraction")], "turns / fraction"),
+]
+
+
+def read_metrics(path: Path | str) -> tuple[list[Row], bool]:
+    """The rows of a metrics.jsonl and whether its last line was cut off (a run still writing it).
+
+    A broken line anywhere but last is an error: that file was damaged, not merely in progress.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist (is this a run folder?)")
+    lines = path.read_text().splitlines()
+    rows, partial = [], False
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            if i == len(lines) - 1:
+                partial = True  # being written right now
+                continue
+            raise ValueError(f"{path}, line {i + 1}: not JSON ({e.msg}); only the last line may be half-written") from None
+        if not isinstance(row, dict) or "step" not in row:
+            raise ValueError(f"{path}, line {i + 1}: a metrics row must be an object with 'step'")
+        rows.append(row)
+    return rows, partial
+
+
+def _health_config(run: Path) -> HealthConfig:
+    cfg_file = run / "config.yaml"
+    if cfg_file.is_file():
+        data = yaml.safe_load(cfg_file.read_text()) or {}
+        if isinstance(data.get("health"), dict):
+            return HealthConfig(**data["health"])
+    return HealthConfig()
+
+
+def plot(rows: Sequence[Row], name: str, title: str, lines: Sequence[tuple[str, str]], ylabel: str,
+         spans: dict[str, list[tuple[float, float]]], folder: Path, hc: HealthConfig) -> Path | None:
+    """One PNG: the metrics of `lines` over steps, alarm spans shaded. None if no metric is logged."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # headless: reports are made on servers and in CI
+    import matplotlib.pyplot as plt
+
+    data = {key: [(s, v) for s, v in series(rows, key) if not (key != "eval/pass_rate" and s == 0)] for key, _ in lines}
+    if key_final := [r for r in rows if r.get("final") and "eval/pass_rate" in r]:
+        if "eval/pass_rate" in data:
+            data["eval/pass_rate"] = data["eval/pass_rate"] + [(float(key_final[-1]["step"]), float(key_final[-1]["eval/pass_rate"]))]
+    if not any(data.values()):
+        return None
+    fig, ax = plt.subplots(figsize=(7, 3.2), dpi=100)
+    steps = sorted({float(r["step"]) for r in rows if not r.get("final")})
+    for name_, runs in spans.items():
+        for a, b in runs:
+            # shade the interval since the row before: an alarm at a row covers the updates that led to it
+            left = max((s for s in steps if s < a), default=a - 0.5)
+            ax.axvspan(left, b if b > left + 0.5 else b + 0.5, color=ALARM_COLOURS.get(name_, "#bbbbbb"), alpha=0.18, lw=0)
+    for key, label in lines:
+        pts = data[key]
+        if pts:
+            xs, ys = zip(*pts)
+            style = dict(marker="o", ms=4) if key == "eval/pass_rate" else dict(lw=1.4)
+            ax.plot(xs, ys, label=label, **style)
+    if name == "kl":
+        ax.axhline(hc.kl_warn, color="#9467bd", ls="--", lw=0.8, label=f"warn {hc.kl_warn}")
+    if name == "entropy":
+        floor = replay(rows, hc)[-1].entropy_floor if rows else None
+        if floor:
+            ax.axhline(floor, color="#d62728", ls="--", lw=0.8, label=f"collapse floor {floor:.3f}")
+    for name_ in spans:  # a legend entry per alarm shown
+        ax.fill_between([], [], color=ALARM_COLOURS.get(name_, "#bbbbbb"), alpha=0.3, label=name_)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("update")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    path = folder / f"{name}.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return "-" if math.isnan(v) else f"{v:.4g}"
+    return str(v)
+
+
+def write_report(run_dir: Path | str, out: Path | str | None = None) -> dict[str, Any]:
+    """Write report.md, report.html and report_plots/*.png; returns their paths."""
+    run = Path(run_dir)
+    rows, partial = read_metrics(run / "metrics.jsonl")
+    if not rows:
+        raise ValueError(f"{run / 'metrics.jsonl'} holds no complete row yet")
+    out_dir = Path(out) if out else run
+    plots_dir = out_dir / "report_plots"
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    hc = _health_config(run)
+    spans = alarm_spans(rows, hc)
+    summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else None
+    updates = [r for r in rows if not r.get("final") and float(r["step"]) > 0]
+    last = updates[-1] if updates else rows[-1]
+    if summary:
+        state = f"finished: {summary.get('updates_done', summary.get('updates'))} updates" + (f", stopped early ({summary['stopped']})" if summary.get("stopped") else "")
+    else:
+        state = f"still running: {len(updates)} updates so far" + (" (last line half-written, skipped)" if partial else "")
+
+    # figures
+    pngs = [p for p in (plot(rows, *spec, spans, plots_dir, hc) for spec in PLOTS) if p is not None]
+
+    # alarm timeline: spans and the first reason logged (or replayed) for each
+    reasons: dict[str, str] = {}
+    for r in updates:
+        for text in r.get("health/reasons", []):
+            name = text.split(":", 1)[0]
+            reasons.setdefault(name, text.split(":", 1)[-1].strip())
+    if not any("health/reasons" in r for r in updates):
+        for h in replay(rows, hc):
+            for a in h.alarms:
+                reasons.setdefault(a.name, a.reason)
+    timeline = [(name, ", ".join(f"{a:.0f}" if a == b else f"{a:.0f}-{b:.0f}" for a, b in spans[name]), reasons.get(name, ""))
+                for name in ALARMS if name in spans]
+    actions = [(r["step"], a) for r in updates for a in r.get("health/actions", [])]
+    heldout = [(s, v) for s, v in series(rows, "eval/pass_rate")] + [(float(r["step"]), r["eval/pass_rate"]) for r in rows if r.get("final") and "eval/pass_rate" in r]
+
+    status = last.get("health/status") or (replay(rows, hc)[-1].status if updates else "-")
+    facts = [("run", str(run)), ("state", state), ("status at last update", str(status))]
+    if summary:
+        facts += [("held-out pass rate", f"{summary.get('warm_start_pass_rate', float('nan')):.3f} -> {summary.get('final_pass_rate', float('nan')):.3f}"),
+                  ("algo / env", f"{summary.get('algo')} / {summary.get('env')}"), ("wall time", f"{summary.get('wall_s', 0):.0f} s")]
+    elif heldout:
+        facts += [("held-out pass rate", " -> ".join(f"{v:.3f}" for _, v in (heldout[0], heldout[-1])))]
+    keys = ["rollout/pass_rate", "eval/pass_rate", "train/entropy", "train/kl", "credit/zero_adv_frac", "train/clip_low_frac", "train/clip_high_frac",
+            "rollout/turns_mean", "rollout/truncated_frac", "train/grad_norm"]
+    last_metrics = [(k, _fmt(last[k])) for k in keys if k in last]
+
+    md = _markdown(facts, timeline, actions, last_metrics, pngs, out_dir)
+    page = _html(facts, timeline, actions, last_metrics, pngs)
+    md_path, html_path = out_dir / "report.md", out_dir / "report.html"
+    md_path.write_text(md)
+    html_path.write_text(page)
+    return {"markdown": md_path, "html": html_path, "plots": pngs}
+
+
+def _markdown(facts, timeline, actions, last_metrics, pngs, out_dir: Path) -> str:
+    lines = ["# Run report", ""] + [f"- **{k}**: {v}" for k, v in facts] + ["", "## Alarm timeline", ""]
+    if timeline:
+        lines += ["| alarm | updates | why (first time) |", "|---|---|---|"] + [f"| {n} | {s} | {w} |" for n, s, w in timeline]
+    else:
+        lines.append("No alarm fired.")
+    lines += ["", "## Interventions", ""]
+    lines += [f"- step {s}: {a}" for s, a in actions] or ["None acted."]
+    lines += ["", "## Last update", "", "| metric | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in last_metrics]
+    lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.relative_to(out_dir)})" for p in pngs]
+    return "\n".join(lines) + "\n"
+
+
+def _html(facts, timeline, actions, last_metrics, pngs) -> str:
+    """One file, no external resource: CSS inline, every PNG embedded as base64."""
+    e = html.escape
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>agentrl run report</title><style>",
+             "body{font-family:system-ui,sans-serif;max-width:980px;margin:2em auto;color:#222}",
+             "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}",
+             "img{max-width:100%;display:block;margin:.6em 0}.alarm{color:#b00;font-weight:bold}.ok{color:#070}",
+             "</style></head><body><h1>Run report</h1><table>"]
+    parts += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in facts]
+    parts.append("</table><h2>Alarm timeline</h2>")
+    if timeline:
+        parts.append("<table><tr><th>alarm</th><th>updates</th><th>why (first time)</th></tr>")
+        parts += [f"<tr><td class='alarm'>{e(n)}</td><td>{e(s)}</td><td>{e(w)}</td></tr>" for n, s, w in timeline]
+        parts.append("</table>")
+    else:
+        parts.append("<p class='ok'>No alarm fired.</p>")
+    parts.append("<h2>Interventions</h2>")
+    parts.append("<ul>" + "".join(f"<li>step {e(str(s))}: {e(a)}</li>" for s, a in actions) + "</ul>" if actions else "<p>None acted.</p>")
+    parts.append("<h2>Last update</h2><table>" + "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in last_metrics) + "</table>")
+    parts.append("<h2>Plots</h2>")
+    for p in pngs:
+        data = base64.b64encode(p.read_bytes()).decode("ascii")
+        parts.append(f"<img alt='{e(p.stem)}' src='data:image/png;base64,{data}'>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+__all__ = ["read_metrics", "write_report"]
