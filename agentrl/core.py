@@ -379,6 +379,21 @@ class AgentEnv(gym.Env[str, str]):
         return "\n".join(outputs), bad
 
 
+def _import_from_cwd(module: str) -> Any:
+    """Import `module`, also from the current folder (as `python -m` would; console scripts don't)."""
+    import importlib
+    import os
+    import sys
+
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if os.getcwd() in sys.path or not (e.name and module.startswith(e.name)):
+            raise
+        sys.path.insert(0, os.getcwd())
+        return importlib.import_module(module)
+
+
 def make(env_id: str, **kwargs: Any) -> AgentEnv:
     """Build a registered environment (`agentrl/Vault-v0`) or `module:Class`, without wrappers.
 
@@ -390,7 +405,7 @@ def make(env_id: str, **kwargs: Any) -> AgentEnv:
     if ":" in env_id and "/" not in env_id.split(":")[0]:
         module, _, attr = env_id.partition(":")
         try:
-            cls = getattr(importlib.import_module(module), attr)
+            cls = getattr(_import_from_cwd(module), attr)
         except (ImportError, AttributeError) as e:
             raise ValueError(f"cannot load environment {env_id!r}: {e}") from e
         env = cls(**kwargs)
