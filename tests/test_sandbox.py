@@ -24,13 +24,32 @@ def sb() -> LocalSandbox:
     return LocalSandbox(TIGHT)
 
 
+_TAKEN: set[int] = set()  # every uid this test process's sandboxes ran as
+
+
+@pytest.fixture(autouse=True)
+def record_uids(monkeypatch):
+    """Record the uids our runs take, so the leftover check looks at our processes only: another
+    sandbox user on the machine (a second test run, a training job) must not fail these tests."""
+    from agentrl.verify import sandbox as sandbox_module
+
+    take = sandbox_module._uids.take
+
+    def recording_take():
+        uid = take()
+        _TAKEN.add(uid)
+        return uid
+
+    monkeypatch.setattr(sandbox_module._uids, "take", recording_take)
+
+
 def sandbox_processes() -> list[int]:
-    """Processes still running as a sandbox uid (they must all be gone after each run)."""
+    """Processes still running as a uid one of our sandbox runs used (all must be gone after each run)."""
     out = []
     for d in os.scandir("/proc"):
         if d.name.isdigit():
             try:
-                if os.stat(d.path).st_uid >= 200_000:
+                if os.stat(d.path).st_uid in _TAKEN:
                     out.append(int(d.name))
             except OSError:
                 pass
