@@ -14,6 +14,7 @@ The trainer never branches on the assigner: it looks it up in `ASSIGNERS` and ca
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import random
@@ -73,9 +74,15 @@ def heldout_env_kwargs(cfg: TrainConfig) -> dict[str, Any]:
     """The environment's arguments for held-out evaluation: an env with a `split` attribute (Code-v0)
     is built with split="eval", i.e. on tasks and verifier tests that training never sees."""
     kwargs = dict(cfg.env.kwargs)
-    if "split" not in kwargs and hasattr(make(cfg.env.id, **kwargs), "split"):
+    if "split" not in kwargs and _has_split(cfg.env.id, json.dumps(kwargs, sort_keys=True, default=str)):
         kwargs["split"] = "eval"
     return kwargs
+
+
+@functools.lru_cache(maxsize=32)
+def _has_split(env_id: str, kwargs_json: str) -> bool:
+    """Built once per env and arguments: building Code-v0 loads HumanEval, too slow for every evaluation."""
+    return hasattr(make(env_id, **json.loads(kwargs_json)), "split")
 
 
 def evaluate(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig, max_context: int) -> EvalResult:
