@@ -69,6 +69,11 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="run folder; default runs/<algo>-<time>")
     p.add_argument("--config", help="YAML config file (a run's config.yaml works)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", default=[], help="override any config field, e.g. rollout.group_size=4 (repeatable)")
+    p.add_argument("--lora-r", type=int, help="train LoRA adapters of this rank only (peft); the KL reference is the base "
+                   "model with adapters off, so no second copy is held; default 0: full fine-tuning")
+    p.add_argument("--lora-alpha", type=float, help="LoRA scaling numerator; default 2 x rank")
+    p.add_argument("--lora-dropout", type=float, help="dropout on the adapters' input; default 0")
+    p.add_argument("--lora-targets", nargs="+", metavar="MODULE", help="modules that get adapters, e.g. q_proj v_proj; default all-linear")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--on-alarm", choices=["warn", "stop", "intervene"],
                    help="on a health alarm: warn (default: show and log), stop the run, or intervene (apply the enabled interventions)")
@@ -89,6 +94,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         overrides.append({"env": {"id": args.env}})
     if args.env_kw:
         overrides.append({"env": {"kwargs": _kv(args.env_kw)}})
+    lora = {"r": getattr(args, "lora_r", None), "alpha": getattr(args, "lora_alpha", None), "dropout": getattr(args, "lora_dropout", None),
+            "target_modules": getattr(args, "lora_targets", None)}
+    if any(v is not None for v in lora.values()):
+        overrides.append({"optim": {"lora": {k: v for k, v in lora.items() if v is not None}}})
     if getattr(args, "on_alarm", None):
         overrides.append({"health": {"on_alarm": args.on_alarm}})
     if getattr(args, "tensorboard", False) or getattr(args, "wandb", False):

@@ -57,12 +57,26 @@ class RolloutConfig(Strict):
     max_context: int | None = Field(None, ge=16, description="Episodes whose next turn would not fit are truncated; default: the model's max positions.")
 
 
+class LoraSettings(Strict):
+    """LoRA adapters through peft. With r > 0 only the adapters train, and the KL reference is the
+    same model with its adapters switched off, so no second copy of the weights is held."""
+
+    r: int = Field(0, ge=0, description="Adapter rank; 0 trains every weight (full fine-tuning).")
+    alpha: float | None = Field(None, gt=0, description="Scaling numerator (the update is alpha/r * BA); default 2r.")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapters' input; 0 keeps rollouts and training the same function.")
+    target_modules: str | list[str] = Field("all-linear", description="Modules that get adapters: 'all-linear' or names such as [q_proj, v_proj].")
+
+
 class OptimConfig(Strict):
     lr: float = Field(2e-4, gt=0, description="Policy learning rate. Tiny models tolerate more than LLMs (1e-6 to 1e-5 for 7B).")
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping, the usual PPO guard against one bad batch.")
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch. 1 keeps updates on-policy (ratio ~1); more reuse data at the price of clipping.")
     minibatches: int = Field(2, ge=1, description="Optimizer steps per epoch, each over 1/minibatches of the episodes.")
+    micro_batch_tokens: int = Field(16384, ge=1, description="Padded tokens per forward: a minibatch is split into micro-batches of "
+                                    "episodes of similar length (each padded only to its own longest) whose gradients add up to the minibatch's.")
+    bf16: bool = Field(True, description="bf16 autocast on a CUDA GPU that supports it (weights and optimizer stay fp32); ignored on CPU.")
+    lora: LoraSettings = Field(default_factory=LoraSettings)
 
 
 class SFTConfig(Strict):

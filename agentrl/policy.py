@@ -208,6 +208,16 @@ class Policy:
         return sum(p.numel() for p in self.model.parameters())
 
 
+def add_lora(model: torch.nn.Module, settings: Any) -> torch.nn.Module:
+    """Wrap `model` in peft LoRA adapters (`settings`: agentrl.config.LoraSettings); only the
+    adapters train. `model.disable_adapter()` then gives back the base model's function."""
+    from peft import LoraConfig, get_peft_model
+
+    cfg = LoraConfig(r=settings.r, lora_alpha=settings.alpha or 2 * settings.r, lora_dropout=settings.dropout,
+                     target_modules=settings.target_modules, task_type="CAUSAL_LM")
+    return get_peft_model(model, cfg)
+
+
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions that skip padding, as `generate()` derives them (left or inner padding)."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)

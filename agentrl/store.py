@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -78,6 +78,7 @@ class TurnBatch:
     episodes: list[Episode]
     turn_hidden: torch.Tensor | None = None  # (B, K, H) policy state before each action, if captured
     ref_logp: torch.Tensor | None = None  # (B, T) reference log-probs, filled in by the trainer
+    advantages: torch.Tensor | None = None  # (B, T) the assigner's advantages, set by the trainer for its loss
 
     @property
     def size(self) -> int:
@@ -95,6 +96,28 @@ class TurnBatch:
             v = getattr(self, f.name)
             kw[f.name] = [v[i] for i in idx.tolist()] if f.name == "episodes" else (None if v is None else v[idx])
         return TurnBatch(**kw)
+
+    def trim(self) -> TurnBatch:
+        """Drop the padding columns every row has (rows are right-padded)."""
+        T = int(self.attention_mask.sum(1).max())
+        if T == self.input_ids.shape[1]:
+            return self
+        per_token = {"input_ids", "attention_mask", "action_mask", "behaviour_logp", "turn_index", "ref_logp", "advantages"}
+        return replace(self, **{k: getattr(self, k)[:, :T] for k in per_token if getattr(self, k) is not None})
+
+    def micro_batches(self, max_tokens: int) -> list[torch.Tensor]:
+        """Row indices in groups of similar length whose padded size (rows x longest) stays within
+        `max_tokens` (a row longer than that is a group by itself): the forward pads each group only
+        to its own longest row, not to the batch's."""
+        lengths = self.attention_mask.sum(1)
+        order = torch.argsort(lengths, descending=True, stable=True).tolist()
+        groups: list[list[int]] = []
+        for i in order:
+            if groups and (len(groups[-1]) + 1) * int(lengths[groups[-1][0]]) <= max_tokens:
+                groups[-1].append(i)  # rows come longest first, so the group's first row sets its width
+            else:
+                groups.append([i])
+        return [torch.tensor(g, dtype=torch.long) for g in groups]
 
     def to(self, device: torch.device | str) -> TurnBatch:
         return TurnBatch(**{f.name: (v.to(device) if isinstance(v := getattr(self, f.name), torch.Tensor) else v) for f in fields(self)})

@@ -13,6 +13,7 @@ The trainer never branches on the assigner: it looks it up in `ASSIGNERS` and ca
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import json
@@ -35,7 +36,7 @@ from agentrl.engines.torch_engine import TorchEngine
 from agentrl.health import Action, Knobs, check, plan
 from agentrl.loss import policy_loss
 from agentrl.monitor import Monitor
-from agentrl.policy import Policy, token_stats
+from agentrl.policy import Policy, add_lora, token_stats
 from agentrl.rollout import rollout
 from agentrl.stages.sft import warm_start
 from agentrl.store import TrajectoryStore, TurnBatch, make_batch
@@ -143,7 +144,8 @@ class Trainer:
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         device = resolve_device(cfg.device)
-        self.accelerator = Accelerator(cpu=device.type == "cpu")
+        bf16 = cfg.optim.bf16 and device.type == "cuda" and torch.cuda.is_bf16_supported()
+        self.accelerator = Accelerator(cpu=device.type == "cpu", mixed_precision="bf16" if bf16 else "no")
 
         if cfg.model is None:
             folder = warm_start(cfg.env.id, cfg.env.kwargs, cfg.tiny, cfg.sft, cfg.seed, log=self.monitor.sft_progress, say=self.monitor.say)
@@ -154,10 +156,16 @@ class Trainer:
             self.warm_start_dir = None
         self.max_context = cfg.rollout.max_context or getattr(self.policy.model.config, "max_position_embeddings", 2048)
 
-        # The reference for KL: a frozen copy (cheap for small models; LoRA runs use the base).
-        self.reference = copy.deepcopy(self.policy.model).eval().requires_grad_(False)
+        lora = cfg.optim.lora
+        if lora.r:
+            # adapters only; the KL reference is this same model with its adapters switched off
+            self.policy.model = add_lora(self.policy.model, lora)
+            self.reference = None
+        else:  # the reference for KL: a frozen copy
+            self.reference = copy.deepcopy(self.policy.model).eval().requires_grad_(False)
+        self.trainable = [p for p in self.policy.model.parameters() if p.requires_grad]
         self.assigner = get_assigner(cfg.algo)(cfg.credit_config, policy=self.policy, train_config=cfg)
-        opt = torch.optim.AdamW(self.policy.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+        opt = torch.optim.AdamW(self.trainable, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
         self.model, self.optimizer = self.accelerator.prepare(self.policy.model, opt)
         self.envs = [make(cfg.env.id, **cfg.env.kwargs) for _ in range(cfg.rollout.groups * cfg.rollout.group_size)]
         needs_hidden = bool(getattr(self.assigner, "needs_hidden", False))
@@ -241,47 +249,73 @@ class Trainer:
         return kept, metrics
 
     def optimize(self, batch: TurnBatch, credit: Credit) -> dict[str, float]:
+        """`ppo_epochs` passes of `minibatches` optimizer steps. Each minibatch is run as micro-batches
+        of similar-length episodes (`micro_batch_tokens` padded tokens each); their losses are
+        weighted by their share of the minibatch's aggregate, so the summed gradient is the
+        minibatch's, and no episode is padded to a longer one outside its micro-batch."""
         cfg = self.cfg
         rows = (credit.row_weight > 0).nonzero(as_tuple=True)[0]
         if len(rows) == 0 or float(credit.advantages.abs().sum()) == 0.0:
             return {"train/skipped": 1.0, "train/trained_episodes": 0.0}
         device = self.accelerator.device
-        batch = batch.select(rows).to(device)
-        adv = credit.advantages[rows].to(device)
-        ref_logp = batch.ref_logp
-        stats: dict[str, list[float]] = {}
-        t0, tokens = time.perf_counter(), 0
+        batch = batch.select(rows)
+        batch.advantages = credit.advantages[rows]  # travels with select() and trim() below
+        stats: dict[str, float] = {}
+        steps, t0, tokens, padded = 0, time.perf_counter(), 0, 0
         self.model.train()
         for _ in range(cfg.optim.ppo_epochs):
             perm = torch.randperm(batch.size)
             for chunk in torch.chunk(perm, min(cfg.optim.minibatches, batch.size)):
                 mb = batch.select(chunk)
-                ts = token_stats(self.model, mb.input_ids, mb.attention_mask, cfg.rollout.sampling.temperature or 1.0, entropy=True)
-                loss, s = policy_loss(ts.logp, mb.behaviour_logp, adv[chunk], mb.action_mask, cfg.loss,
-                                      ref_logp=ref_logp[chunk], entropy=ts.entropy, turn_index=mb.turn_index)
                 self.optimizer.zero_grad(set_to_none=True)
-                if torch.isfinite(loss):
-                    self.accelerator.backward(loss)
-                    gn = self.accelerator.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)
-                    s["grad_norm"] = float(gn)
-                else:
-                    s["grad_norm"] = float("nan")
+                step_stats: dict[str, float] = {}
+                finite = True
+                for idx in mb.micro_batches(cfg.optim.micro_batch_tokens):
+                    m = mb.select(idx).trim().to(device)
+                    share = _share(m.action_mask, mb.action_mask, cfg.loss.agg)
+                    ts = token_stats(self.model, m.input_ids, m.attention_mask, cfg.rollout.sampling.temperature or 1.0, entropy=True)
+                    loss, s = policy_loss(ts.logp, m.behaviour_logp, m.advantages, m.action_mask, cfg.loss,
+                                          ref_logp=m.ref_logp, entropy=ts.entropy, turn_index=m.turn_index)
+                    if torch.isfinite(loss):
+                        self.accelerator.backward(loss * share)
+                    else:
+                        finite = False
+                    for k, v in s.items():
+                        step_stats[k] = step_stats.get(k, 0.0) + share * v
+                    tokens += int(m.attention_mask.sum())
+                    padded += m.input_ids.numel()
+                gn = self.accelerator.clip_grad_norm_(self.trainable, cfg.optim.max_grad_norm) if finite else float("nan")
+                step_stats["grad_norm"] = float(gn)
                 # a non-finite loss or gradient skips the step (the weights stay sound) and raises the
                 # NON-FINITE alarm, which ends the run after logging it
-                if math.isfinite(s["grad_norm"]):
+                if math.isfinite(step_stats["grad_norm"]):
                     self.optimizer.step()
                 else:
-                    s["nonfinite_steps"] = 1.0
-                    self.optimizer.zero_grad(set_to_none=True)
-                tokens += int(mb.attention_mask.sum())
-                for k, v in s.items():
-                    stats.setdefault(k, []).append(v)
+                    step_stats["nonfinite_steps"] = 1.0
+                self.optimizer.zero_grad(set_to_none=True)
+                steps += 1
+                for k, v in step_stats.items():
+                    stats[k] = stats.get(k, 0.0) + v
         self.model.eval()
         secs = time.perf_counter() - t0
-        out = {f"train/{k}": float(np.mean(v)) for k, v in stats.items()}
+        out = {f"train/{k}": v / steps for k, v in stats.items()}
         out["train/clip_frac"] = out.get("train/clip_low_frac", 0.0) + out.get("train/clip_high_frac", 0.0)
         out["train/trained_episodes"] = float(batch.size)
         out["train/tokens_per_s"] = tokens / secs if secs > 0 else 0.0
+        out["train/padding_frac"] = 1.0 - tokens / max(padded, 1)
+        return out
+
+    def reference_logp(self, batch: TurnBatch) -> torch.Tensor:
+        """(B, T) log-probs under the reference, once per batch, in micro-batches: the frozen copy,
+        or with LoRA the same model with its adapters switched off."""
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        temp = self.cfg.rollout.sampling.temperature or 1.0
+        off = self.policy.model.disable_adapter() if self.reference is None else contextlib.nullcontext()
+        with torch.inference_mode(), off:
+            model = self.reference if self.reference is not None else self.model
+            for idx in batch.micro_batches(self.cfg.optim.micro_batch_tokens):
+                m = batch.select(idx).trim().to(self.accelerator.device)
+                out[idx, : m.input_ids.shape[1]] = token_stats(model, m.input_ids, m.attention_mask, temp).logp.float().cpu()
         return out
 
     def check_health(self, row: dict[str, Any]) -> str | None:
@@ -306,7 +340,8 @@ class Trainer:
         """Run every update; `warm` reuses a held-out evaluation of this same starting policy."""
         cfg = self.cfg
         t_start = time.perf_counter()
-        self.monitor.say(f"policy: {self.policy.num_parameters:,} parameters; assigner: {cfg.algo}; {cfg.updates} updates of "
+        trained = sum(p.numel() for p in self.trainable)
+        self.monitor.say(f"policy: {self.policy.num_parameters:,} parameters ({trained:,} trained); assigner: {cfg.algo}; {cfg.updates} updates of "
                          f"{cfg.rollout.groups}x{cfg.rollout.group_size} episodes on {cfg.env.id}")
         warm = warm or evaluate(cfg, self.policy, self.eval_sampling, self.max_context)
         self.monitor.say(f"warm start: held-out pass rate {warm.pass_rate:.3f} over {warm.episodes} episodes")
@@ -320,9 +355,7 @@ class Trainer:
             episodes, metrics = self.collect(update)
             t_roll = time.perf_counter() - t0
             batch = make_batch(episodes, self.policy.chat.pad_id)
-            with torch.inference_mode():  # once per batch: the loss's KL and the implicit PRM read it
-                batch.ref_logp = token_stats(self.reference, batch.input_ids.to(self.accelerator.device), batch.attention_mask.to(self.accelerator.device),
-                                             cfg.rollout.sampling.temperature or 1.0).logp.cpu()
+            batch.ref_logp = self.reference_logp(batch)  # once per batch: the loss's KL and the implicit PRM read it
             fit_metrics = self.assigner.fit(batch)
             credit = self.assigner.assign(batch)
             metrics.update({f"credit/{k}": v for k, v in {**fit_metrics, **credit.metrics}.items()})
@@ -343,7 +376,11 @@ class Trainer:
         final = evaluate(cfg, self.policy, self.eval_sampling, self.max_context) if done else last_eval
         self.monitor.log({"step": done, **final.metrics(), "final": True})
         ckpt = self.out / "checkpoint"
-        self.accelerator.unwrap_model(self.model).save_pretrained(ckpt)
+        model = self.accelerator.unwrap_model(self.model)
+        if cfg.optim.lora.r:  # the adapters on their own, and the merged model as an ordinary HF folder
+            model.save_pretrained(ckpt / "adapter")
+            model = self.policy.model = model.merge_and_unload()
+        model.save_pretrained(ckpt)
         self.policy.tokenizer.save_pretrained(ckpt)
         summary = {
             "algo": cfg.algo,
@@ -368,6 +405,14 @@ class Trainer:
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         self.monitor.close(summary)
         return summary
+
+
+def _share(part: torch.Tensor, whole: torch.Tensor, agg: str) -> float:
+    """A micro-batch's weight in its minibatch's loss: its share of the action tokens (token-mean)
+    or of the episodes that have any (the per-sequence aggregations)."""
+    if agg == "token-mean":
+        return float(part.sum()) / max(float(whole.sum()), 1.0)
+    return float((part.sum(1) > 0).sum()) / max(float((whole.sum(1) > 0).sum()), 1.0)
 
 
 def _groups(episodes: list[Episode]) -> list[list[Episode]]:

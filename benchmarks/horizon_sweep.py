@@ -4,6 +4,11 @@ episode budget, several seeds. Where does turn-level credit pay off?
     python benchmarks/horizon_sweep.py                       # 4 horizons x 5 assigners x 3 seeds
     python benchmarks/horizon_sweep.py --locks 1 3 --seeds 0 --updates 5   # a quick look
 
+With `--jobs 2` (the default) the horizons are split between two worker processes of one torch
+thread each, balanced by their expected cost; the tiny model's forwards are too small to keep two
+threads busy, so two single-threaded workers do nearly twice the work of one process on 2 cores.
+The workers write `part<i>/sweep.json`; the parent merges them.
+
 Per horizon (`locks`), the expert's slip rate and the turn slack are calibrated by simulation so
 that the noisy expert passes about half its episodes (DESIGN.md: with a fixed slack a long
 horizon gives an all-fail warm start and measures nothing); one tiny policy is warm-started by
@@ -21,7 +26,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -67,7 +75,16 @@ def main() -> None:
     ap.add_argument("--eval-episodes", type=int, default=128)
     ap.add_argument("--lock-examples", type=int, default=9000, help="SFT demonstrations x locks per horizon (constant sum examples)")
     ap.add_argument("--out", default="runs/horizon-sweep")
+    ap.add_argument("--jobs", type=int, default=2, help="worker processes (one torch thread each); 1: run here")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default); workers get 1")
     args = ap.parse_args()
+    if args.jobs > 1 and len(args.locks) > 1:
+        return run_parallel(args)
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
 
     from rich.console import Console
 
@@ -129,14 +146,48 @@ def main() -> None:
         (out / "sweep.json").write_text(json.dumps(results, indent=1))
     results["wall_s"] = time.perf_counter() - t_start
     (out / "sweep.json").write_text(json.dumps(results, indent=1))
-    table = write_table(results, args.algos, out)
-    plot(results, args.algos, out)
+    finish(results, args.algos, out)
+
+
+def run_parallel(args: argparse.Namespace) -> None:
+    """Split the horizons between `args.jobs` single-threaded workers (cost ~ locks^2: longer
+    episodes and longer contexts), wait for them, merge their results."""
+    t_start = time.perf_counter()
+    out = Path(args.out)
+    bins: list[list[int]] = [[] for _ in range(args.jobs)]
+    for locks in sorted(args.locks, reverse=True):
+        min(bins, key=lambda b: sum(x * x for x in b)).append(locks)
+    bins = [sorted(b) for b in bins if b]
+    procs = []
+    for i, b in enumerate(bins):
+        cmd = [sys.executable, __file__, "--jobs", "1", "--threads", "1", "--locks", *map(str, b), "--algos", *args.algos,
+               "--seeds", *map(str, args.seeds), "--updates", str(args.updates), "--groups", str(args.groups),
+               "--group-size", str(args.group_size), "--eval-episodes", str(args.eval_episodes),
+               "--lock-examples", str(args.lock_examples), "--out", str(out / f"part{i}")]
+        print(f"worker {i}: locks {b}", flush=True)
+        procs.append(subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}))
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise SystemExit(f"horizon sweep: a worker failed (exit codes {codes}); partial results in {out}/part*/sweep.json")
+    parts = [json.loads((out / f"part{i}" / "sweep.json").read_text()) for i in range(len(bins))]
+    horizons = {h: v for p in parts for h, v in p["horizons"].items()}
+    results = {"started": min(p["started"] for p in parts), "args": {**vars(args)}, "workers": bins,
+               "horizons": {str(k): horizons[str(k)] for k in sorted(map(int, horizons))},
+               "wall_s": time.perf_counter() - t_start}
+    (out / "sweep.json").write_text(json.dumps(results, indent=1))
+    finish(results, args.algos, out)
+
+
+def finish(results: dict, algos: list[str], out: Path) -> None:
+    args_locks = [int(k) for k in results["horizons"]]
+    table = write_table(results, algos, out)
+    plot(results, algos, out)
     print(table)
-    longest = results["horizons"][str(max(args.locks))]
-    means = {a: statistics.mean(r["final_pass_rate"] for r in longest["runs"].values() if r["algo"] == a) for a in args.algos}
+    longest = results["horizons"][str(max(args_locks))]
+    means = {a: statistics.mean(r["final_pass_rate"] for r in longest["runs"].values() if r["algo"] == a) for a in algos}
     turn_level = {a: m for a, m in means.items() if a != "grpo"}
     best = max(turn_level, key=turn_level.get) if turn_level else "grpo"
-    print(json.dumps({"benchmark": "horizon_sweep", "wall_s": round(results["wall_s"]), "longest_locks": max(args.locks),
+    print(json.dumps({"benchmark": "horizon_sweep", "wall_s": round(results["wall_s"]), "longest_locks": max(args_locks),
                       "grpo_final": round(means.get("grpo", float("nan")), 3), "best_turn_level": best,
                       "best_turn_level_final": round(turn_level.get(best, float("nan")), 3),
                       "ratio": round(turn_level.get(best, float("nan")) / max(means.get("grpo", 1e-9), 1e-9), 3)}))

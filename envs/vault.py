@@ -8,6 +8,10 @@ open (a state predicate), so an outcome-only learner cannot tell which turn went
 progress (``1 / locks`` per opened lock) is offered in ``info["step_reward"]`` for assigners that
 want it, and ``state_key`` is ``(locks opened, clue read)``.
 
+Every observation names the lock to work on next (error messages too), so each turn's decision needs only the last
+observation and the horizon changes nothing but the number of turns (an earlier version said
+"5 left" and made the policy count: the tiny policy lost count after lock 3 at 8 locks).
+
 >>> env = VaultEnv(locks=2, slack=1)
 >>> obs, _ = env.reset(seed=3)
 >>> while True:
@@ -72,9 +76,17 @@ class VaultEnv(AgentEnv):
         self.opened += 1
         self.clue_read = False
         self.add_step_reward(1.0 / self.locks)
-        return f"lock {lock} open. {self.locks - self.opened} left."
+        if self.opened == self.locks:
+            return f"lock {lock} open. the vault is open."
+        return f"lock {lock} open. next: lock {lock + 1}."
 
     tools = [clue, open]
+
+    def step(self, action: str):
+        obs, reward, terminated, truncated, info = super().step(action)
+        if info["malformed"] and not (terminated or truncated):
+            obs += f"\nnext: lock {self.opened + 1}."  # error messages name the next lock like every other observation
+        return obs, reward, terminated, truncated, info
 
     # -- verifier and state -----------------------------------------------------------------------
 

@@ -48,17 +48,20 @@ class Jammed(Babble):
 
 
 def small_config(tmp_path, policy_dir, env="test_e2e:Babble", **kw):
-    return TrainConfig(
-        env={"id": env},
-        model=str(policy_dir),
-        updates=2,
-        out=str(tmp_path / "run"),
-        rollout={"groups": 2, "group_size": 4, "sampling": {"max_new_tokens": 8}},
-        optim={"lr": 1e-2, "minibatches": 1},
-        eval={"episodes": 4, "every": 0},
-        loss={"kl_coef": 0.01, "entropy_coef": 0.01},
-        **kw,
-    )
+    """A two-update run on the micro model; `kw` overrides (nested dicts merge into the defaults)."""
+    data = {
+        "env": {"id": env},
+        "model": str(policy_dir),
+        "updates": 2,
+        "out": str(tmp_path / "run"),
+        "rollout": {"groups": 2, "group_size": 4, "sampling": {"max_new_tokens": 8}},
+        "optim": {"lr": 1e-2, "minibatches": 1},
+        "eval": {"episodes": 4, "every": 0},
+        "loss": {"kl_coef": 0.01, "entropy_coef": 0.01},
+    }
+    for k, v in kw.items():
+        data[k] = {**data[k], **v} if isinstance(v, dict) and isinstance(data.get(k), dict) else v
+    return TrainConfig(**data)
 
 
 def test_tiny_run_updates_every_parameter_and_writes_the_run_folder(tmp_path, vault_policy_dir):
