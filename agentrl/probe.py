@@ -558,9 +558,14 @@ def measure(episodes: Sequence[Episode], th: ProbeThresholds) -> tuple[ProbeStat
 def rules(s: ProbeStats, th: ProbeThresholds, budget: int | None) -> list[RuleOutcome]:
     """Every rule, in order, with whether it matched; the first that matches decides.
 
-    1. too-few-episodes -> grpo     2. no-signal -> grpo, fix sampling first     3. short-horizon -> grpo
-    4. small-budget -> grpo         5. dense-step-scores -> steppo               6. critic-not-learnable -> gigpo or grpo
-    7. concentrated-value-changes -> arpo                                        8. long-horizon -> the sweep's pick
+    1. too-few-episodes -> grpo     2. no-signal -> grpo, fix sampling first     3. step-scores-only -> steppo
+    4. short-horizon -> grpo        5. small-budget -> grpo                      6. dense-step-scores -> steppo
+    7. critic-not-learnable -> gigpo or grpo                                     8. concentrated-value-changes -> arpo
+    9. long-horizon -> the sweep's pick
+
+    Rule 3 refines §5's "many zero-advantage groups -> fix sampling first": when the outcomes are
+    silent but the environment scores turns, steppo has a signal no outcome-based assigner has
+    (the horizon sweep at 16 locks: a warm start at 0 that only steppo moved).
 
     The horizon comes before the turn-level rules (§5 lists steppo first): whether turn-level
     credit pays at all is what the sweep measured, and steppo is turn-level.
@@ -574,10 +579,18 @@ def rules(s: ProbeStats, th: ProbeThresholds, budget: int | None) -> list[RuleOu
     rule("too-few-episodes", s.episodes < th.min_episodes, "grpo",
          f"{s.episodes} episodes probed, fewer than min_episodes {th.min_episodes}: too few to judge, so the critic-free default",
          {"episodes": s.episodes}, {"min_episodes": th.min_episodes})
-    rule("no-signal", s.zero_adv_frac > th.max_zero_adv_frac, "grpo",
+    silent = s.zero_adv_frac > th.max_zero_adv_frac
+    steps = s.step_reward_density >= th.min_step_density
+    rule("no-signal", silent and not steps, "grpo",
          f"{s.zero_adv_frac:.0%} of groups have all-equal rewards (all-pass {s.all_pass_frac:.0%}, all-fail {s.all_fail_frac:.0%}), above max_zero_adv_frac "
-         f"{th.max_zero_adv_frac:.0%}: no assigner can spread a signal that is not there",
-         {"zero_adv_frac": s.zero_adv_frac, "all_pass_frac": s.all_pass_frac, "all_fail_frac": s.all_fail_frac}, {"max_zero_adv_frac": th.max_zero_adv_frac})
+         f"{th.max_zero_adv_frac:.0%}, and only {s.step_reward_density:.0%} of turns carry a step score: no assigner can spread a signal that is not there",
+         {"zero_adv_frac": s.zero_adv_frac, "all_pass_frac": s.all_pass_frac, "all_fail_frac": s.all_fail_frac, "step_reward_density": s.step_reward_density},
+         {"max_zero_adv_frac": th.max_zero_adv_frac, "min_step_density": th.min_step_density})
+    rule("step-scores-only", silent and steps, "steppo",
+         f"{s.zero_adv_frac:.0%} of groups have all-equal outcomes (above max_zero_adv_frac {th.max_zero_adv_frac:.0%}), but {s.step_reward_density:.0%} of turns "
+         f"carry a step score (>= min_step_density {th.min_step_density:.0%}): the step scores are the only signal, and steppo reads them",
+         {"zero_adv_frac": s.zero_adv_frac, "step_reward_density": s.step_reward_density},
+         {"max_zero_adv_frac": th.max_zero_adv_frac, "min_step_density": th.min_step_density})
     if th.horizon_cutoff is None:
         rule("short-horizon", True, "grpo", f"median {s.turns_median:g} turns; the horizon sweep ({th.source}) found no horizon where a turn-level "
              "assigner beat grpo by more than the seeds' spread, so the horizon rule keeps grpo", {"turns_median": s.turns_median}, {"horizon_cutoff": None})

@@ -182,6 +182,7 @@ TH = ProbeThresholds(horizon_cutoff=10, min_budget_episodes=500)
     [
         ({"episodes": 8}, None, TH, "too-few-episodes", "grpo"),
         ({"zero_adv_frac": 0.9}, None, TH, "no-signal", "grpo"),
+        ({"zero_adv_frac": 0.9, "step_reward_density": 0.5}, None, TH, "step-scores-only", "steppo"),
         ({"turns_median": 6}, None, TH, "short-horizon", "grpo"),
         ({}, None, TH.model_copy(update={"horizon_cutoff": None}), "short-horizon", "grpo"),
         ({}, 100, TH, "small-budget", "grpo"),
