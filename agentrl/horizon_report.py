@@ -36,6 +36,7 @@ STAT_ROWS: list[tuple[str, str, str]] = [
     ("context tokens per episode", "context_tokens_mean", "{:.1f}"),
     ("truncated", "truncated_frac", "{:.0%}"),
     ("step-reward density", "step_reward_density", "{:.0%}"),
+    ("groups whose step scores differ", "step_signal_frac", "{:.0%}"),
     ("zero-advantage groups", "zero_adv_frac", "{:.0%}"),
     ("  all-pass", "all_pass_frac", "{:.0%}"),
     ("  all-fail", "all_fail_frac", "{:.0%}"),

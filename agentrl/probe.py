@@ -62,6 +62,7 @@ class ProbeThresholds(BaseModel):
     min_budget_episodes: int = Field(10_000, ge=0, description="Planned training episodes below which grpo is recommended (a critic needs data). Fallback: the brief's 'tens of thousands of rollouts'. From a sweep: the per-run budget with which turn-level credit won there.")
     turn_level_candidates: list[str] = Field(default_factory=lambda: list(TURN_LEVEL), description="Turn-level assigners the rules may pick. From a sweep: those within the seeds' spread of the best at the horizons past the crossover.")
     long_horizon_algo: str = Field("turn-ppo", description="Picked at a long horizon when no more specific rule fires. §5: turn-ppo; from a sweep: the best turn-level assigner past the crossover.")
+    min_step_signal_frac: float = Field(0.5, ge=0, le=1, description="With silent outcomes, the fraction of groups whose step scores differ from which steppo is picked (the sweep: at 37 turns, all-fail groups, only steppo learned).")
     min_step_density: float = Field(0.25, ge=0, le=1, description="Fraction of turns with a non-zero step score above which steppo's process rewards have something to say (heuristic; the sweep does not vary density).")
     min_value_r2: float = Field(0.2, description="Cross-validated R² of the turn-value probe below which a turn critic is judged not learnable; arpo's own explained-variance gate (0.2).")
     min_state_recurrence: float = Field(0.2, ge=0, le=1, description="Fraction of turns that share a (group, state) with another turn above which gigpo's step groups carry signal (heuristic).")
@@ -227,6 +228,16 @@ def step_reward_density(episodes: Sequence[Episode]) -> float:
     """Fraction of turns whose step reward is non-zero (how often a process score speaks)."""
     turns = [t for e in episodes for t in e.turns]
     return sum(t.step_reward != 0 for t in turns) / len(turns) if turns else 0.0
+
+
+def step_signal_frac(episodes: Sequence[Episode]) -> float:
+    """Fraction of groups (of two or more episodes) whose episodes' summed step scores differ: where
+    a step-score assigner has something to rank even when every outcome in the group is the same."""
+    groups: dict[int, list[float]] = defaultdict(list)
+    for e in episodes:
+        groups[e.group_id].append(round(sum(t.step_reward for t in e.turns), 9))
+    multi = [g for g in groups.values() if len(g) > 1]
+    return sum(len(set(g)) > 1 for g in multi) / len(multi) if multi else 0.0
 
 
 def group_outcomes(episodes: Sequence[Episode]) -> dict[str, float]:
@@ -414,6 +425,7 @@ class ProbeStats(BaseModel):
     action_tokens_mean: float
     context_tokens_mean: float
     step_reward_density: float
+    step_signal_frac: float = Field(0.0, description="groups whose episodes' summed step scores differ")
     zero_adv_frac: float
     all_pass_frac: float
     all_fail_frac: float
@@ -531,6 +543,7 @@ def measure(episodes: Sequence[Episode], th: ProbeThresholds) -> tuple[ProbeStat
         action_tokens_mean=toks["action"],
         context_tokens_mean=toks["context"],
         step_reward_density=step_reward_density(good),
+        step_signal_frac=step_signal_frac(good),
         zero_adv_frac=grp["zero_adv_frac"],
         all_pass_frac=grp["all_pass_frac"],
         all_fail_frac=grp["all_fail_frac"],
@@ -580,17 +593,17 @@ def rules(s: ProbeStats, th: ProbeThresholds, budget: int | None) -> list[RuleOu
          f"{s.episodes} episodes probed, fewer than min_episodes {th.min_episodes}: too few to judge, so the critic-free default",
          {"episodes": s.episodes}, {"min_episodes": th.min_episodes})
     silent = s.zero_adv_frac > th.max_zero_adv_frac
-    steps = s.step_reward_density >= th.min_step_density
+    steps = s.step_signal_frac >= th.min_step_signal_frac
     rule("no-signal", silent and not steps, "grpo",
          f"{s.zero_adv_frac:.0%} of groups have all-equal rewards (all-pass {s.all_pass_frac:.0%}, all-fail {s.all_fail_frac:.0%}), above max_zero_adv_frac "
-         f"{th.max_zero_adv_frac:.0%}, and only {s.step_reward_density:.0%} of turns carry a step score: no assigner can spread a signal that is not there",
-         {"zero_adv_frac": s.zero_adv_frac, "all_pass_frac": s.all_pass_frac, "all_fail_frac": s.all_fail_frac, "step_reward_density": s.step_reward_density},
-         {"max_zero_adv_frac": th.max_zero_adv_frac, "min_step_density": th.min_step_density})
+         f"{th.max_zero_adv_frac:.0%}, and step scores differ inside only {s.step_signal_frac:.0%} of groups: no assigner can spread a signal that is not there",
+         {"zero_adv_frac": s.zero_adv_frac, "all_pass_frac": s.all_pass_frac, "all_fail_frac": s.all_fail_frac, "step_signal_frac": s.step_signal_frac},
+         {"max_zero_adv_frac": th.max_zero_adv_frac, "min_step_signal_frac": th.min_step_signal_frac})
     rule("step-scores-only", silent and steps, "steppo",
-         f"{s.zero_adv_frac:.0%} of groups have all-equal outcomes (above max_zero_adv_frac {th.max_zero_adv_frac:.0%}), but {s.step_reward_density:.0%} of turns "
-         f"carry a step score (>= min_step_density {th.min_step_density:.0%}): the step scores are the only signal, and steppo reads them",
-         {"zero_adv_frac": s.zero_adv_frac, "step_reward_density": s.step_reward_density},
-         {"max_zero_adv_frac": th.max_zero_adv_frac, "min_step_density": th.min_step_density})
+         f"{s.zero_adv_frac:.0%} of groups have all-equal outcomes (above max_zero_adv_frac {th.max_zero_adv_frac:.0%}), but in {s.step_signal_frac:.0%} of groups "
+         f"the episodes' step scores differ (>= min_step_signal_frac {th.min_step_signal_frac:.0%}): the step scores are the only signal, and steppo reads them",
+         {"zero_adv_frac": s.zero_adv_frac, "step_signal_frac": s.step_signal_frac},
+         {"max_zero_adv_frac": th.max_zero_adv_frac, "min_step_signal_frac": th.min_step_signal_frac})
     if th.horizon_cutoff is None:
         rule("short-horizon", True, "grpo", f"median {s.turns_median:g} turns; the horizon sweep ({th.source}) found no horizon where a turn-level "
              "assigner beat grpo by more than the seeds' spread, so the horizon rule keeps grpo", {"turns_median": s.turns_median}, {"horizon_cutoff": None})

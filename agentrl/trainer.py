@@ -64,10 +64,22 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+_VLLM: dict[str, Any] = {}  # one vllm.LLM per model source in this process: evaluations share the training one
+
+
 def make_engine(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig, seed: int, capture_hidden: bool = False) -> Any:
     chat = policy.chat
     if cfg.engine == "vllm":
-        raise NotImplementedError("--engine vllm is not built yet (see the 'Fast rollouts' issue); use --engine torch")
+        from agentrl.engines.vllm_engine import VLLMEngine
+
+        model = policy.model.get_base_model() if hasattr(policy.model, "peft_config") else policy.model
+        source = str(model.config._name_or_path)  # the folder or hub id the policy was loaded from
+        if source not in _VLLM:
+            engine = VLLMEngine.from_policy(source, sampling, chat.stop_ids, chat.eos_id, chat.pad_id, seed=seed,
+                                            capture_hidden=capture_hidden)
+            _VLLM[source] = engine.llm
+            return engine
+        return VLLMEngine(_VLLM[source], sampling, chat.stop_ids, chat.eos_id, chat.pad_id, seed=seed, capture_hidden=capture_hidden)
     return TorchEngine(policy.model, sampling, chat.stop_ids, chat.eos_id, chat.pad_id, seed=seed, capture_hidden=capture_hidden)
 
 
@@ -364,6 +376,8 @@ class Trainer:
                 metrics["credit/all_fail_frac"] = metrics.get("credit/all_fail_groups", 0.0) / metrics["credit/groups"]
             metrics.update(self.knob_metrics())  # the knobs this update ran with
             metrics.update(self.optimize(batch, credit))
+            if hasattr(self.engine, "sync_weights"):  # vLLM generates from its own copy of the weights
+                self.engine.sync_weights(self.policy.model)
             metrics["time/rollout_s"] = t_roll
             metrics["time/update_s"] = time.perf_counter() - t0
             if cfg.eval.every and update % cfg.eval.every == 0 and update != cfg.updates:

@@ -52,3 +52,11 @@ def test_cli_rejects_bad_config_before_any_work(tmp_path, capsys):
     assert main(["train", "--env", "agentrl/Nope-v0", "--out", str(out)]) == 2
     assert "unknown environment" in capsys.readouterr().out
     assert not out.exists()  # nothing was started
+
+
+def test_cli_lora_flags_reach_the_config(capsys):
+    assert main(["train", "--lora-r", "16", "--lora-targets", "q_proj", "v_proj", "--lora-dropout", "0.05", "--print-config"]) == 0
+    text = capsys.readouterr().out
+    assert "r: 16" in text and "- q_proj" in text and "dropout: 0.05" in text
+    assert main(["train", "--lora-r", "-1", "--print-config"]) == 2
+    assert "optim.lora.r" in capsys.readouterr().out

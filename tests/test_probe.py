@@ -33,6 +33,7 @@ from agentrl.probe import (
     ridge_fit,
     state_recurrence,
     step_reward_density,
+    step_signal_frac,
     summarize_sweep,
     thresholds_from_sweep,
     tokens_per_episode,
@@ -67,6 +68,17 @@ def test_step_reward_density():
     a, b = ep(3), ep(1)
     a.turns[1].step_reward = 0.5
     assert step_reward_density([a, b]) == 0.25  # one of four turns
+
+
+def test_step_signal_frac_counts_groups_whose_step_scores_differ():
+    eps = [ep(2, 0.0, 0), ep(2, 0.0, 0),  # group 0: step sums 0.5 and 0.25 differ
+           ep(2, 0.0, 1), ep(2, 0.0, 1),  # group 1: both 0.5 (scored on different turns)
+           ep(2, 0.0, 2), ep(2, 0.0, 2),  # group 2: no step scores
+           ep(2, 0.0, 3)]  # a group of one: not counted
+    eps[0].turns[0].step_reward, eps[1].turns[1].step_reward = 0.5, 0.25
+    eps[2].turns[0].step_reward, eps[3].turns[1].step_reward = 0.5, 0.5
+    assert step_signal_frac(eps) == pytest.approx(1 / 3)
+    assert step_signal_frac([ep(1)]) == 0.0
 
 
 def test_group_outcomes_counts_and_std():
@@ -182,7 +194,8 @@ TH = ProbeThresholds(horizon_cutoff=10, min_budget_episodes=500)
     [
         ({"episodes": 8}, None, TH, "too-few-episodes", "grpo"),
         ({"zero_adv_frac": 0.9}, None, TH, "no-signal", "grpo"),
-        ({"zero_adv_frac": 0.9, "step_reward_density": 0.5}, None, TH, "step-scores-only", "steppo"),
+        ({"zero_adv_frac": 0.9, "step_signal_frac": 0.6}, None, TH, "step-scores-only", "steppo"),
+        ({"zero_adv_frac": 0.9, "step_signal_frac": 0.4, "step_reward_density": 0.5}, None, TH, "no-signal", "grpo"),
         ({"turns_median": 6}, None, TH, "short-horizon", "grpo"),
         ({}, None, TH.model_copy(update={"horizon_cutoff": None}), "short-horizon", "grpo"),
         ({}, 100, TH, "small-budget", "grpo"),
