@@ -237,29 +237,44 @@ def token_stats(
     temperature: float = 1.0,
     entropy: bool = False,
     hidden: bool = False,
+    only: torch.Tensor | None = None,
 ) -> TokenStats:
     """Per-token log-probs (and entropy, hidden states) of `input_ids` under `model`, one forward.
 
-    Values are aligned to token positions: `logp[:, t]` scores `input_ids[:, t]`.
+    Values are aligned to token positions: `logp[:, t]` scores `input_ids[:, t]`. With `only` (a
+    (B, T) mask, e.g. the action mask), the output layer and the softmax run at just the positions
+    that predict those tokens and every other position reads 0: the prompt and the observations
+    cost the transformer's layers but not the vocabulary projection, which for a 150k-token
+    vocabulary is most of the memory of a long episode.
     """
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
-        output_hidden_states=hidden,
-        use_cache=False,
-    )
-    logits = out.logits[:, :-1].float()  # (B, T-1, V)
+    pos_ids = position_ids_from_mask(attention_mask)
+    sparse = only is not None and hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")
+    if sparse:
+        last = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos_ids, use_cache=False).last_hidden_state
+        rows, cols = only[:, 1:].nonzero(as_tuple=True)  # position cols predicts token cols + 1
+        logits = model.get_output_embeddings()(last[rows, cols]).float()  # (N, V)
+    else:
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos_ids, output_hidden_states=hidden, use_cache=False)
+        last = out.hidden_states[-1] if hidden else None
+        logits = out.logits[:, :-1].float()  # (B, T-1, V)
     if temperature != 1.0:
         logits = logits / temperature
     logp_all = F.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, T-1)
-    logp = F.pad(logp, (1, 0))  # (B, T)
     ent = None
-    if entropy:
-        ent = F.pad(-(logp_all.exp() * logp_all).sum(-1), (1, 0))  # (B, T)
+    if sparse:
+        logp = torch.zeros(input_ids.shape, dtype=logp_all.dtype, device=input_ids.device)
+        logp[rows, cols + 1] = logp_all.gather(-1, input_ids[rows, cols + 1, None]).squeeze(-1)
+        if entropy:
+            ent = torch.zeros_like(logp)
+            ent[rows, cols + 1] = -(logp_all.exp() * logp_all).sum(-1)
+    else:
+        logp = F.pad(logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1), (1, 0))  # (B, T)
+        if entropy:
+            ent = F.pad(-(logp_all.exp() * logp_all).sum(-1), (1, 0))  # (B, T)
+        if only is not None:
+            logp, ent = logp * only, (None if ent is None else ent * only)
     hs = None
     if hidden:
         # the state *before* token t is the hidden state at t-1; shift so hs[:, t] precedes token t
-        hs = F.pad(out.hidden_states[-1][:, :-1].detach(), (0, 0, 1, 0))  # (B, T, H)
+        hs = F.pad(last[:, :-1].detach(), (0, 0, 1, 0))  # (B, T, H)
     return TokenStats(logp, ent, hs)

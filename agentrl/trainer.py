@@ -285,7 +285,9 @@ class Trainer:
                 for idx in mb.micro_batches(cfg.optim.micro_batch_tokens):
                     m = mb.select(idx).trim().to(device)
                     share = _share(m.action_mask, mb.action_mask, cfg.loss.agg)
-                    ts = token_stats(self.model, m.input_ids, m.attention_mask, cfg.rollout.sampling.temperature or 1.0, entropy=True)
+                    with self.accelerator.autocast():  # bf16 on CUDA; token_stats may bypass the prepared forward
+                        ts = token_stats(self.model, m.input_ids, m.attention_mask, cfg.rollout.sampling.temperature or 1.0, entropy=True,
+                                         only=m.action_mask)
                     loss, s = policy_loss(ts.logp, m.behaviour_logp, m.advantages, m.action_mask, cfg.loss,
                                           ref_logp=m.ref_logp, entropy=ts.entropy, turn_index=m.turn_index)
                     if torch.isfinite(loss):
@@ -323,11 +325,11 @@ class Trainer:
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
         temp = self.cfg.rollout.sampling.temperature or 1.0
         off = self.policy.model.disable_adapter() if self.reference is None else contextlib.nullcontext()
-        with torch.inference_mode(), off:
+        with torch.inference_mode(), off, self.accelerator.autocast():
             model = self.reference if self.reference is not None else self.model
             for idx in batch.micro_batches(self.cfg.optim.micro_batch_tokens):
                 m = batch.select(idx).trim().to(self.accelerator.device)
-                out[idx, : m.input_ids.shape[1]] = token_stats(model, m.input_ids, m.attention_mask, temp).logp.float().cpu()
+                out[idx, : m.input_ids.shape[1]] = token_stats(model, m.input_ids, m.attention_mask, temp, only=m.action_mask).logp.float().cpu()
         return out
 
     def check_health(self, row: dict[str, Any]) -> str | None:

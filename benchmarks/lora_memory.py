@@ -51,7 +51,7 @@ def worker(args: argparse.Namespace) -> None:
     out = Path(args.out)
     cfg = TrainConfig(env={"kwargs": {"locks": 1}}, model=args.model, updates=args.updates, out=str(out / f"lora{args.lora_r}"),
                       rollout={"groups": 4, "group_size": 4, "sampling": {"max_new_tokens": 24}},
-                      eval={"episodes": 4, "every": 0}, optim={"lora": {"r": args.lora_r}, "minibatches": 1})
+                      eval={"episodes": 4, "every": 0}, optim={"lora": {"r": args.lora_r}, "minibatches": 1, "micro_batch_tokens": args.micro_batch_tokens})
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     trainer = Trainer(cfg, monitor=Monitor(Path(cfg.out), total=cfg.updates, console=Console(quiet=True)))
     # an untrained model fails every episode (no advantage, no update): the update here uses the
@@ -88,6 +88,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--lora-r", type=int, default=16)
     ap.add_argument("--updates", type=int, default=2)
+    ap.add_argument("--micro-batch-tokens", type=int, default=1024, help="padded tokens per forward (bounds the activations)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--model", help=argparse.SUPPRESS)  # worker mode
     args = ap.parse_args()
@@ -105,7 +106,8 @@ def main() -> None:
     build_tiny_policy(expert_texts(make("agentrl/Vault-v0", locks=1), range(200), noise=0.3), model_dir, cfg, seed=0)
     results = {}
     for r in (0, args.lora_r):
-        cmd = [sys.executable, __file__, "--model", str(model_dir), "--lora-r", str(r), "--updates", str(args.updates), "--out", str(out)]
+        cmd = [sys.executable, __file__, "--model", str(model_dir), "--lora-r", str(r), "--updates", str(args.updates),
+               "--micro-batch-tokens", str(args.micro_batch_tokens), "--out", str(out)]
         done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ})
         if done.returncode:
             raise SystemExit(f"lora_memory: the {'LoRA' if r else 'full'} worker failed:\n{done.stderr[-3000:]}")

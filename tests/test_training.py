@@ -69,7 +69,7 @@ def test_lora_trains_adapters_only_against_the_base_model(tmp_path, vault_policy
     assert moved
     # after an update, the reference (adapters off) is still exactly the base model
     with torch.inference_mode():
-        expect = token_stats(base, batch.input_ids, batch.attention_mask).logp
+        expect = token_stats(base, batch.input_ids, batch.attention_mask).logp * batch.action_mask  # the reference is read at actions only
     torch.testing.assert_close(trainer.reference_logp(batch), expect, rtol=0, atol=1e-5)
     trainer.train()
 
@@ -85,3 +85,25 @@ def test_lora_trains_adapters_only_against_the_base_model(tmp_path, vault_policy
     moved = [n for n, p in reloaded.named_parameters() if "lora_B" in n and p.abs().sum() > 0]
     assert moved, "lora_B starts at zero; a trained adapter has moved it"
     assert all(torch.equal(before[k], v) for k, v in reloaded.get_base_model().state_dict().items() if k in before)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_token_stats_at_action_positions_only_equal_the_full_forward(vault_policy, lora):
+    """The output layer runs at the action positions only; their log-probs and entropies are those
+    of the full forward, and every other position reads 0."""
+    from agentrl.config import LoraSettings
+    from agentrl.policy import add_lora
+
+    model = add_lora(vault_policy.model, LoraSettings(r=2)) if lora else vault_policy.model
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (3, 20), generator=gen)
+    attn = torch.ones_like(ids)
+    attn[1, 14:] = 0  # right padding
+    only = (torch.rand(ids.shape, generator=gen) < 0.4).float() * attn
+    only[:, 0] = 0
+    with torch.no_grad():
+        full = token_stats(model, ids, attn, 0.7, entropy=True)
+        part = token_stats(model, ids, attn, 0.7, entropy=True, only=only)
+    assert part.logp.shape == full.logp.shape
+    torch.testing.assert_close(part.logp, full.logp * only, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(part.entropy, full.entropy * only, rtol=1e-5, atol=1e-6)
