@@ -43,8 +43,8 @@ def test_micro_batched_gradient_equals_the_whole_minibatch(tmp_path, vault_polic
         batch = make_batch(_episodes(trainer), trainer.policy.chat.pad_id)
         batch.ref_logp = trainer.reference_logp(batch)
         credit = trainer.assigner.assign(batch)
-        seen = []
-        trainer.optimizer.step = lambda: seen.append([p.grad.clone() for p in trainer.trainable])  # record, do not step
+        seen: list[list[torch.Tensor]] = []
+        trainer.optimizer.step = lambda seen=seen, params=trainer.trainable: seen.append([p.grad.clone() for p in params])  # record, do not step
         out = trainer.optimize(batch, credit)
         grads.append(seen[0])
         if budget == 1:

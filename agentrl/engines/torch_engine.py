@@ -7,6 +7,12 @@ positions come from the attention mask, so a row sees the same positions it woul
 (and in training). One forward per generated token serves the whole batch; a row that has stopped
 feeds a masked pad token until the turn ends. Finished episodes leave the batch with `keep()`,
 which slices the cache.
+
+Appending a token must not copy what is already there: `DynamicCache` concatenates every layer's
+keys and values at every token (`torch.cat`), copying the whole cache each time: a turn of N
+tokens copied its context N times. The session instead reserves room, once per turn, for the
+turn's chunk and its longest action, and writes each token into it (`_RollingCache`, and the
+same for the attention mask); the samples and log-probs are bit for bit those of `DynamicCache`.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from agentrl.engines.base import Generation, SamplingConfig
 
@@ -46,6 +53,56 @@ def sample_tokens(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Ge
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
 
+def _append(view: torch.Tensor, buf: torch.Tensor | None, new: torch.Tensor, room: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`torch.cat([view, new], dim)` written into `buf`, of which `view` is the leading part; returns
+    the new view and the buffer. The buffer is reallocated (to `room` positions, or just enough when
+    `room` is smaller) only when it is full, so appending a token copies one token, not the tensor.
+    A `view` that is not the leading part of `buf` (the caller replaced it) becomes the buffer."""
+    length, n = view.shape[dim], new.shape[dim]
+    leading = buf is not None and view.data_ptr() == buf.data_ptr() and view.stride() == buf.stride() and all(
+        a == b for d, (a, b) in enumerate(zip(view.shape, buf.shape)) if d != dim % view.dim())
+    if not leading:
+        buf = view
+    if length + n > buf.shape[dim]:
+        shape = list(new.shape)
+        shape[dim] = max(length + n, room)
+        grown = new.new_empty(shape)
+        grown.narrow(dim, 0, length).copy_(view)
+        buf = grown
+    buf.narrow(dim, length, n).copy_(new)
+    return buf.narrow(dim, 0, length + n), buf
+
+
+class _RollingLayer(DynamicLayer):
+    """A `DynamicLayer` that writes new keys and values into room reserved by its cache (see `_append`)
+    instead of concatenating; `keys`/`values` are views of the buffers' leading positions, so every
+    other `DynamicLayer` method (selecting rows, cropping) works on them unchanged."""
+
+    def __init__(self, cache: _RollingCache):
+        super().__init__()
+        self.cache = cache
+        self.key_buf: torch.Tensor | None = None  # (B, H, capacity, D)
+        self.value_buf: torch.Tensor | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.get_seq_length() == 0:  # the first write sets the layer up as the parent does (its API varies by version)
+            return super().update(key_states, value_states, *args, **kwargs)
+        self.keys, self.key_buf = _append(self.keys, self.key_buf, key_states, self.cache.room, dim=-2)
+        self.values, self.value_buf = _append(self.values, self.value_buf, value_states, self.cache.room, dim=-2)
+        return self.keys, self.values
+
+
+class _RollingCache(DynamicCache):
+    """A `DynamicCache` of `_RollingLayer`s; `room` is the length each layer grows to when it is full."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.room = 0
+        # layers are made on first use; a transformers without this hook keeps plain DynamicLayers
+        if getattr(self, "layer_class_to_replicate", None) is DynamicLayer:
+            self.layer_class_to_replicate = lambda: _RollingLayer(self)
+
+
 class TorchEngine:
     """Generate with a transformers causal LM, keeping each row's KV cache across turns."""
 
@@ -61,7 +118,11 @@ class TorchEngine:
         self.pad_id = pad_id
         self.device = next(model.parameters()).device
         # transformers 5 renamed `past_key_values` to `cache`
-        self.cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model passes kwargs on
+        params = inspect.signature(base.forward).parameters
+        self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        # only the last position's logits are sampled from: skip the LM head on the rest of a chunk
+        self.last_logits = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self.generator = None
         if seed is not None:
             self.generator = torch.Generator(device=self.device).manual_seed(seed)
@@ -75,8 +136,11 @@ class TorchSession:
         self.engine = engine
         self.rows = list(range(len(prompts)))
         dev = engine.device
-        self.cache = DynamicCache()
+        self.cache: DynamicCache = _RollingCache()
         self.mask = torch.zeros(len(prompts), 0, dtype=torch.long, device=dev)  # (B, L) 1 = real token
+        self.mask_buf: torch.Tensor | None = None  # (B, capacity): `mask` is its leading part
+        self.room = 0  # cache length to reserve room for at the next growth
+        self.holes = False  # is any cached position masked (padding, a stopped row's pad)?
         self.pos = torch.zeros(len(prompts), dtype=torch.long, device=dev)  # (B,) real tokens so far
         self.pending: list[list[int]] = prompts  # tokens each row has not yet fed to the model
         self.tokens_fed = 0  # padded positions run through the model (for throughput accounting)
@@ -87,11 +151,14 @@ class TorchSession:
         return self.mask.shape[1]
 
     def _forward(self, ids: torch.Tensor, chunk_mask: torch.Tensor, hidden: bool = False) -> torch.Tensor:
-        self.mask = torch.cat([self.mask, chunk_mask], dim=1)  # (B, L + C)
+        self.mask, self.mask_buf = _append(self.mask, self.mask_buf, chunk_mask, self.room, dim=1)  # (B, L + C)
         pos_ids = (self.pos[:, None] + chunk_mask.cumsum(1) - 1).clamp(min=0)  # (B, C)
+        # An all-ones mask is one that transformers checks (a reduction, a host sync) and then
+        # drops: until the first hole, pass none; the model runs the same kernels on the same numbers.
+        self.holes = self.holes or not bool(chunk_mask.all())
         out = self.engine.model(
-            input_ids=ids, attention_mask=self.mask, position_ids=pos_ids, use_cache=True,
-            output_hidden_states=hidden, **{self.engine.cache_kwarg: self.cache},
+            input_ids=ids, attention_mask=self.mask if self.holes else None, position_ids=pos_ids, use_cache=True,
+            output_hidden_states=hidden, **{self.engine.cache_kwarg: self.cache}, **self.engine.last_logits,
         )
         self.pos += chunk_mask.sum(1)
         self.tokens_fed += ids.numel()
@@ -109,6 +176,10 @@ class TorchSession:
                 ids[i, width - len(chunk) :] = torch.tensor(chunk, dtype=torch.long)
                 m[i, width - len(chunk) :] = 1
         self.pending = [[] for _ in self.pending]
+        # room for this chunk and the longest action: no growth while decoding this turn
+        self.room = self.cache_len + width + self.engine.sampling.max_new_tokens
+        if isinstance(self.cache, _RollingCache):
+            self.cache.room = self.room
         return self._forward(ids, m, hidden=self.engine.capture_hidden)
 
     @torch.inference_mode()

@@ -701,11 +701,15 @@ def _kill_uid(uid: int) -> None:
             os._exit(1)
         os.kill(-1, signal.SIGKILL)  # every process of this uid except the caller
 
-    for _ in range(5):
+    # a killed process stays in /proc until it is reaped (by the namespace's pid 1, or the kernel once
+    # that is gone), which on a loaded machine can take a while: kill again and wait, for up to 3 s
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:
         subprocess.run(["true"], preexec_fn=preexec, env={}, cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10, check=False)
-        time.sleep(0.02)
-        if _count_processes(uid) == 0:
-            return
+        for _ in range(10):
+            time.sleep(0.02)
+            if _count_processes(uid) == 0:
+                return
 
 
 # --------------------------------------------------------------------------------------------

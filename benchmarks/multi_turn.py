@@ -1,0 +1,172 @@
+"""Multi-turn rollouts: agentrl's engine (KV cache kept across turns) vs `generate()` once per turn.
+
+Vault (`locks=L, slack=0`: a budget of 2L turns) at several horizons; per horizon the same batch
+of episodes (same seeds) runs through:
+
+- **engine**: `agentrl.rollout.rollout` with a `TorchEngine`: one batched forward per token, each
+  episode's cache kept across turns, only each turn's new observation tokens fed to the model.
+- **baseline**: what a framework without turn-aware rollouts does: every turn, the whole history
+  of every live episode (prompt, all earlier actions and observations) is re-encoded, left-padded
+  into one batch, and `model.generate()` samples the next action. Prompt and observation ids come
+  from the same `ChatFormat` calls that `rollout` makes, so both sides see the same token layout.
+
+Why this design is an equal-work comparison: the policy is the same *untrained* ~0.9M-parameter
+Llama (same weights on both sides; the tokenizer is `agentrl train`'s), sampling at temperature 1
+with no stop tokens, so every action is exactly `--new-tokens` tokens on both sides (the engine
+gets an empty stop list; `generate()` gets `min_new_tokens = max_new_tokens`). Its actions are
+never a correct tool call, so no lock ever opens and every episode runs its whole budget of 2L
+turns on both sides: equal turns, equal action tokens. The actions themselves are each side's own
+samples, so the env's error messages can differ in a few episodes (a sampled `<tool_call>` gets a
+different message than none): the tokens per episode of both sides are printed so that this
+stays visible (they agree to well under 1%). Replaying one fixed action sequence on both sides
+(teacher forcing) was not chosen: `generate()` cannot be teacher-forced without a logits
+processor of our own, an overhead no real framework pays. A trained policy was not chosen either:
+it stops at different turns on each side, so the two would not do the same work.
+
+Per horizon the two are timed in turn (`--repeats` rounds, median), after a warm-up of both.
+Time per episode is fitted as `a * turns^k` for each side. Re-encoding the history makes the
+baseline's tokens processed grow as turns^2 (k near 2). The engine processes each token once, so
+its forwards grow linearly, but every token still attends to the whole context before it, and
+that context grows with the turns; for a model this small (hidden 128) attention over a few
+thousand positions is a large share of a forward, so its k lies between 1 and 2 as well. (The
+cache also holds padding holes: each turn's observations are left-padded to the longest one.)
+
+    python benchmarks/multi_turn.py
+    python benchmarks/multi_turn.py --locks 2 8 16 20 --episodes 32 --new-tokens 16 --repeats 3
+
+Last line: one JSON object with the figures; `ratio` is the engine's episodes/s divided by the
+baseline's at the longest horizon.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from agentrl.core import make
+from agentrl.engines import SamplingConfig, TorchEngine
+from agentrl.policy import ChatFormat, Policy, TinyModelConfig, build_tiny_policy
+from agentrl.rollout import rollout
+from agentrl.stages.sft import expert_texts
+
+MODEL = TinyModelConfig(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
+                        num_key_value_heads=2, max_position_embeddings=4096)
+
+
+def engine_episodes(policy: Policy, locks: int, seeds: list[int], new_tokens: int) -> list[int]:
+    """agentrl's rollout; returns each episode's total tokens (prompt, actions, observations)."""
+    chat = policy.chat
+    envs = [make("agentrl/Vault-v0", locks=locks, slack=0) for _ in seeds]
+    engine = TorchEngine(policy.model, SamplingConfig(max_new_tokens=new_tokens), stop_ids=[], eos_id=chat.eos_id,
+                         pad_id=chat.pad_id, seed=seeds[0])
+    episodes, _ = rollout(envs, seeds, engine, chat)
+    assert all(e.num_turns == 2 * locks and e.truncated for e in episodes), "an episode ended before its turn budget"
+    assert all(len(t.action_ids) == new_tokens for e in episodes for t in e.turns)
+    return [len(e.token_ids()) + len(e.turns[-1].obs_ids) for e in episodes]
+
+
+@torch.inference_mode()
+def baseline_episodes(policy: Policy, locks: int, seeds: list[int], new_tokens: int) -> list[int]:
+    """`generate()` once per turn over every live episode's re-encoded history."""
+    chat: ChatFormat = policy.chat
+    torch.manual_seed(seeds[0])
+    envs = [make("agentrl/Vault-v0", locks=locks, slack=0) for _ in seeds]
+    history = []
+    for env, seed in zip(envs, seeds):
+        obs, _ = env.reset(seed=seed)
+        history.append(chat.prompt_ids(obs, env.tool_schemas(), env.system_prompt))
+    live, turns = list(range(len(envs))), [0] * len(envs)
+    while live:
+        width = max(len(history[i]) for i in live)
+        ids = torch.full((len(live), width), chat.pad_id, dtype=torch.long)  # (B, W), left-padded
+        mask = torch.zeros_like(ids)
+        for b, i in enumerate(live):
+            ids[b, width - len(history[i]):] = torch.tensor(history[i])
+            mask[b, width - len(history[i]):] = 1
+        out = policy.model.generate(
+            input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+            min_new_tokens=new_tokens, max_new_tokens=new_tokens, pad_token_id=chat.pad_id,
+        )
+        actions = out[:, width:].tolist()  # (B, new_tokens)
+        still = []
+        for b, i in enumerate(live):
+            obs, _, terminated, truncated, _ = envs[i].step(chat.decode(actions[b]))
+            history[i] = history[i] + actions[b] + chat.observation_ids(obs, ended_with_eos=False)
+            turns[i] += 1
+            if not (terminated or truncated):
+                still.append(i)
+        live = still
+    assert all(t == 2 * locks for t in turns), "an episode ended before its turn budget"
+    return [len(h) for h in history]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--locks", type=int, nargs="+", default=[2, 8, 16, 20], help="horizons: 2*locks turns each")
+    ap.add_argument("--episodes", type=int, default=32)
+    ap.add_argument("--new-tokens", type=int, default=16, help="tokens per action (every action is this long)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default="/tmp/agentrl-bench-multi-turn")
+    args = ap.parse_args()
+
+    build_tiny_policy(expert_texts(make("agentrl/Vault-v0", locks=4, slack=0), range(200), noise=0.3), args.out, MODEL, seed=0)
+    policy = Policy.load(args.out)
+    policy.model.eval()
+    seeds = list(range(args.episodes))
+    engine_episodes(policy, 1, seeds, args.new_tokens)  # warm-up (a fresh model's first calls are slow)
+    baseline_episodes(policy, 1, seeds, args.new_tokens)
+
+    rows = []
+    for locks in args.locks:
+        secs: dict[str, list[float]] = {"engine": [], "baseline": []}
+        tokens: dict[str, list[int]] = {}
+        for _ in range(args.repeats):
+            for name, fn in (("engine", engine_episodes), ("baseline", baseline_episodes)):
+                t0 = time.perf_counter()
+                tokens[name] = fn(policy, locks, seeds, args.new_tokens)
+                secs[name].append(time.perf_counter() - t0)
+        eng, base = statistics.median(secs["engine"]), statistics.median(secs["baseline"])
+        row = {
+            "locks": locks, "turns": 2 * locks,
+            "engine_episodes_per_s": round(args.episodes / eng, 2), "baseline_episodes_per_s": round(args.episodes / base, 2),
+            "engine_s_per_episode": round(eng / args.episodes, 4), "baseline_s_per_episode": round(base / args.episodes, 4),
+            "engine_tokens_per_episode": round(statistics.mean(tokens["engine"]), 1),
+            "baseline_tokens_per_episode": round(statistics.mean(tokens["baseline"]), 1),
+            "engine_s": [round(s, 3) for s in secs["engine"]], "baseline_s": [round(s, 3) for s in secs["baseline"]],
+            "ratio": round(base / eng, 2),
+        }
+        rows.append(row)
+        print(f"{row['turns']:3d} turns: engine {row['engine_episodes_per_s']:7.2f} episodes/s ({row['engine_s_per_episode']:.3f} s/episode), "
+              f"generate() per turn {row['baseline_episodes_per_s']:7.2f} episodes/s ({row['baseline_s_per_episode']:.3f} s/episode) "
+              f"-> {row['ratio']:.2f}x; tokens/episode {row['engine_tokens_per_episode']:.0f} vs {row['baseline_tokens_per_episode']:.0f}",
+              flush=True)
+
+    turns = np.log([r["turns"] for r in rows])
+    exponent = {side: float(np.polyfit(turns, np.log([r[f"{side}_s_per_episode"] for r in rows]), 1)[0]) if len(rows) > 1 else None
+                 for side in ("engine", "baseline")}
+    result = {
+        "benchmark": "multi_turn",
+        "env": "agentrl/Vault-v0 (slack 0, untrained policy: every episode runs 2*locks turns)",
+        "model_parameters": policy.num_parameters,
+        "model": MODEL.model_dump(),
+        "episodes": args.episodes,
+        "new_tokens": args.new_tokens,
+        "repeats": args.repeats,
+        "threads": torch.get_num_threads(),
+        "horizons": rows,
+        "engine_time_exponent": None if exponent["engine"] is None else round(exponent["engine"], 3),
+        "baseline_time_exponent": None if exponent["baseline"] is None else round(exponent["baseline"], 3),
+        "ratio": rows[-1]["ratio"],
+    }
+    if exponent["engine"] is not None:
+        print(f"time per episode ~ turns^k: engine k = {exponent['engine']:.2f}, baseline k = {exponent['baseline']:.2f}")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
