@@ -43,6 +43,7 @@ use it or not.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import re
@@ -134,9 +135,10 @@ class Tool:
         name = re.sub(r"(?<!^)(?=[A-Z])", "_", model.__name__).lower()
         return cls(name, inspect.getdoc(model) or "", model, model.__call__, takes_env=True)
 
-    @property
+    @functools.cached_property
     def schema(self) -> dict[str, Any]:
-        """The OpenAI/HF function schema that chat templates render for the policy."""
+        """The OpenAI/HF function schema that chat templates render for the policy (built once:
+        every episode's prompt renders it)."""
         params = self.params.model_json_schema()
         params.pop("title", None)
         for prop in params.get("properties", {}).values():
