@@ -156,6 +156,13 @@ class TrainConfig(Strict):
             raise ValueError(f"invalid options for --algo {algo}: " + "; ".join(lines)) from None
         return v
 
+    @model_validator(mode="after")
+    def _engine_serves_the_assigner(self) -> TrainConfig:
+        if self.engine == "vllm" and (self.algo in ("arpo", "turn-ppo") or (self.algo == "steppo" and self.credit.get("prm") == "learned")):
+            raise ValueError(f"--engine vllm cannot serve --algo {self.algo}: its turn critic reads the policy's hidden states, "
+                             "which vLLM does not return; use --engine torch (or grpo, gigpo, steppo with the env or implicit PRM)")
+        return self
+
     @property
     def credit_config(self) -> BaseModel:
         from agentrl.algorithms import get_assigner

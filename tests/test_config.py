@@ -60,3 +60,9 @@ def test_cli_lora_flags_reach_the_config(capsys):
     assert "r: 16" in text and "- q_proj" in text and "dropout: 0.05" in text
     assert main(["train", "--lora-r", "-1", "--print-config"]) == 2
     assert "optim.lora.r" in capsys.readouterr().out
+
+
+def test_vllm_engine_is_refused_for_assigners_that_read_hidden_states(capsys):
+    assert main(["train", "--algo", "turn-ppo", "--engine", "vllm", "--print-config"]) == 2
+    assert "cannot serve --algo turn-ppo" in " ".join(capsys.readouterr().out.split())
+    assert TrainConfig(algo="grpo", engine="vllm").engine == "vllm"
