@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 import time
 
@@ -219,3 +220,14 @@ def test_pool_runs_concurrently_and_in_order():
         elapsed = time.monotonic() - t0
     assert out == ["0", "1", "2", "3"]
     assert elapsed < 1.6  # four 0.5 s sleeps, concurrently (serially: > 2 s)
+
+
+def test_a_virtualenv_interpreter_resolves_to_the_real_one(tmp_path):
+    """A venv's bin/python is a link; under /tmp the run's private /tmp would hide it."""
+    link = tmp_path / "python"
+    link.symlink_to(sys.executable)
+    if os.path.realpath(sys.executable).startswith("/tmp/"):
+        pytest.skip("this interpreter itself lives under /tmp")
+    sandbox = LocalSandbox(python=str(link))
+    assert sandbox.python == os.path.realpath(sys.executable)
+    assert sandbox.run_program("print(6 * 7)").stdout == "42\n"

@@ -324,10 +324,15 @@ class LocalSandbox:
     isolation than this OS could give when privileged (use it in production training).
     """
 
-    def __init__(self, limits: Limits | None = None, python: str = sys.executable, require_isolation: bool = False):
+    def __init__(self, limits: Limits | None = None, python: str | None = None, require_isolation: bool = False):
         self.limits = limits or Limits()
-        self.python = python
+        # the real interpreter, not a virtualenv's link to it: a venv under /tmp would be hidden by
+        # the run's private /tmp (the sandboxed code and the judge need only the standard library)
+        self.python = os.path.realpath(python or sys.executable)
         self.caps = probe_capabilities()
+        if self.caps.mountns and self.caps.setuid and Path(self.python).is_relative_to("/tmp"):
+            raise SandboxError(f"the sandbox's interpreter {self.python} lives under /tmp, which each run replaces with a private "
+                               "tmpfs; pass python= an interpreter outside /tmp")
         self.isolation = Isolation(
             network_isolated=self.caps.netns,
             filesystem_isolated=self.caps.mountns and self.caps.setuid,
@@ -604,7 +609,7 @@ class LocalSandbox:
         wait, so that the monitor reaps pid 1 and nothing is left, not even a zombie."""
         for p in procs:
             if p.uid is not None:
-                _kill_uid(p.uid)
+                _kill_uid(p.uid, settle=0)  # our own child is among them until we wait for it below
             _killpg(p.popen.pid)
         for p in procs:
             try:
@@ -683,7 +688,7 @@ def _count_processes(uid: int) -> int:
     return n
 
 
-def _kill_uid(uid: int) -> None:
+def _kill_uid(uid: int, settle: float = 3.0) -> None:
     """SIGKILL every process of `uid`, including children that left the process group: a forked
     helper drops to that uid and calls kill(-1), which reaches exactly the processes of that uid.
     Cheap when nothing is left (checked first by scanning /proc)."""
@@ -702,14 +707,19 @@ def _kill_uid(uid: int) -> None:
         os.kill(-1, signal.SIGKILL)  # every process of this uid except the caller
 
     # a killed process stays in /proc until it is reaped (by the namespace's pid 1, or the kernel once
-    # that is gone), which on a loaded machine can take a while: kill again and wait, for up to 3 s
-    deadline = time.monotonic() + 3.0
-    while time.monotonic() < deadline:
+    # that is gone), which on a loaded machine can take a while: kill again and wait, for up to
+    # `settle` seconds (0: one kill, for callers that have not reaped their own child yet)
+    deadline = time.monotonic() + settle
+    while True:
         subprocess.run(["true"], preexec_fn=preexec, env={}, cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10, check=False)
+        if settle <= 0:
+            return
         for _ in range(10):
             time.sleep(0.02)
             if _count_processes(uid) == 0:
                 return
+        if time.monotonic() >= deadline:
+            return
 
 
 # --------------------------------------------------------------------------------------------
