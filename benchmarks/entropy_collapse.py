@@ -3,8 +3,9 @@
     python benchmarks/entropy_collapse.py                      # ~2 x 30 updates on 2 cores
     python benchmarks/entropy_collapse.py --updates 20 --out /tmp/ec
 
-- **collapse**: no entropy term, low rollout temperature (0.7), a high learning rate (5e-4, 2.5x
-  the default), no KL term: the policy sharpens onto whatever it samples first.
+- **collapse**: no entropy term, low rollout temperature (0.7), a high learning rate (1e-3, 5x
+  the default), no KL term: the policy sharpens onto whatever it samples first. (5e-4 collapsed the
+  policy while Vault's observations said "N left"; once they named the next lock, 5e-4 only drifted.)
 - **healthy** (the baseline): `agentrl train`'s defaults (temperature 1.0, lr 2e-4).
 
 Both start from the same cached warm start, run with `--on-alarm warn` (they are only watched),
@@ -77,7 +78,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-episodes", type=int, default=64)
     ap.add_argument("--eval-every", type=int, default=10)
-    ap.add_argument("--collapse-lr", type=float, default=5e-4)
+    ap.add_argument("--collapse-lr", type=float, default=1e-3)
     ap.add_argument("--collapse-temperature", type=float, default=0.7)
     ap.add_argument("--out", type=Path, default=Path("runs/entropy_collapse"))
     ap.add_argument("--reuse", action="store_true", help="report on runs already in --out (finished) instead of training them again")
