@@ -158,8 +158,10 @@ class TrainConfig(Strict):
 
     @model_validator(mode="after")
     def _engine_serves_the_assigner(self) -> TrainConfig:
-        if self.engine == "vllm" and (self.algo in ("arpo", "turn-ppo") or (self.algo == "steppo" and self.credit.get("prm") == "learned")):
-            raise ValueError(f"--engine vllm cannot serve --algo {self.algo}: its turn critic reads the policy's hidden states, "
+        from agentrl.algorithms import reads_hidden
+
+        if self.engine == "vllm" and reads_hidden(self.algo, self.credit_config):
+            raise ValueError(f"--engine vllm cannot serve --algo {self.algo} with these options: its turn critic or learned PRM reads the policy's hidden states, "
                              "which vLLM does not return; use --engine torch (or grpo, gigpo, steppo with the env or implicit PRM)")
         return self
 

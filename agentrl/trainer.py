@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentrl.algorithms import get_assigner
+from agentrl.algorithms import get_assigner, reads_hidden
 from agentrl.config import TrainConfig
 from agentrl.core import Episode, make
 from agentrl.credit import Credit
@@ -180,7 +180,7 @@ class Trainer:
         opt = torch.optim.AdamW(self.trainable, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
         self.model, self.optimizer = self.accelerator.prepare(self.policy.model, opt)
         self.envs = [make(cfg.env.id, **cfg.env.kwargs) for _ in range(cfg.rollout.groups * cfg.rollout.group_size)]
-        needs_hidden = bool(getattr(self.assigner, "needs_hidden", False))
+        needs_hidden = reads_hidden(cfg.algo, cfg.credit_config)
         self.engine = make_engine(cfg, self.policy, cfg.rollout.sampling, seed=cfg.seed, capture_hidden=needs_hidden)
         self.task_rng = np.random.default_rng(cfg.seed)
         self.next_group = 0

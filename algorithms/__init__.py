@@ -4,6 +4,11 @@ An assigner is constructed as ``cls(config, policy=..., train_config=...)`` and 
 ``fit(batch) -> metrics`` and ``assign(batch) -> Credit`` (see `agentrl.credit`).
 """
 
+import inspect
+from types import SimpleNamespace
+
+from pydantic import BaseModel
+
 from agentrl.algorithms.arpo import ARPO, ARPOConfig
 from agentrl.algorithms.gigpo import GiGPO, GiGPOConfig
 from agentrl.algorithms.grpo import GRPO, GRPOConfig
@@ -14,7 +19,7 @@ ASSIGNERS = {cls.name: cls for cls in (GRPO, ARPO, StepPO, TurnPPO, GiGPO)}
 
 __all__ = [
     "ARPO", "ASSIGNERS", "GRPO", "ARPOConfig", "GRPOConfig", "GiGPO", "GiGPOConfig", "StepPO", "StepPOConfig",
-    "TurnPPO", "TurnPPOConfig", "get_assigner",
+    "TurnPPO", "TurnPPOConfig", "get_assigner", "reads_hidden",
 ]
 
 
@@ -24,3 +29,11 @@ def get_assigner(name: str) -> type:
         return ASSIGNERS[name]
     except KeyError:
         raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(sorted(ASSIGNERS))}") from None
+
+
+def reads_hidden(name: str, config: BaseModel) -> bool:
+    """Whether assigner `name` under its `config` reads the policy's hidden states (a turn critic or a
+    learned PRM), decided before anything is built: its `needs_hidden`, a class constant or a property
+    of its config (steppo's depends on which PRM)."""
+    attr = inspect.getattr_static(get_assigner(name), "needs_hidden", False)
+    return bool(attr.fget(SimpleNamespace(cfg=config))) if isinstance(attr, property) else bool(attr)
