@@ -50,6 +50,7 @@ class ARPO(GRPO):
     description: ClassVar[str] = "turn-critic reweighting: a value head spreads the group advantage over turns by |value change| (gated on critic EV)"
     Config: ClassVar[type[BaseModel]] = ARPOConfig
     needs_hidden: ClassVar[bool] = True
+    turn_level: ClassVar[bool] = True
 
     def __init__(self, config: ARPOConfig | None = None, policy: Any = None, critic: Any = None, hidden_size: int | None = None, **_: object):
         self.cfg = config or ARPOConfig()

@@ -30,6 +30,7 @@ class GiGPO(GRPO):
     name: ClassVar[str] = "gigpo"
     description: ClassVar[str] = "critic-free step credit: turns from the same state inside a group are compared by discounted return (needs state_key)"
     Config: ClassVar[type[BaseModel]] = GiGPOConfig
+    turn_level: ClassVar[bool] = True
 
     def __init__(self, config: GiGPOConfig | None = None, **_: Any):
         self.cfg = config or GiGPOConfig()

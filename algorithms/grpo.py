@@ -46,6 +46,7 @@ class GRPO:
     name: ClassVar[str] = "grpo"
     description: ClassVar[str] = "group-relative outcome advantage on every token (GRPO/RLOO/Dr. GRPO/DAPO options); no critic"
     Config: ClassVar[type[BaseModel]] = GRPOConfig
+    turn_level: ClassVar[bool] = False  # one advantage per episode, on every token
 
     def __init__(self, config: GRPOConfig | None = None, **_: object):
         self.cfg = config or GRPOConfig()

@@ -47,6 +47,7 @@ class StepPO(GRPO):
     name: ClassVar[str] = "steppo"
     description: ClassVar[str] = "process rewards: outcome advantage + reward-to-go of group-normalised PRM step scores (env / learned / implicit PRM)"
     Config: ClassVar[type[BaseModel]] = StepPOConfig
+    turn_level: ClassVar[bool] = True
 
     def __init__(self, config: StepPOConfig | None = None, policy: Any = None, hidden_size: int | None = None, **_: object):
         self.cfg = config or StepPOConfig()

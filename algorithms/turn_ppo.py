@@ -52,6 +52,7 @@ class TurnPPO:
     description: ClassVar[str] = "turn-level critic + GAE over turns, each turn's tokens share A_k (critic warm-up first)"
     Config: ClassVar[type[BaseModel]] = TurnPPOConfig
     needs_hidden: ClassVar[bool] = True
+    turn_level: ClassVar[bool] = True
 
     def __init__(self, config: TurnPPOConfig | None = None, policy: Any = None, critic: Any = None, hidden_size: int | None = None, **_: object):
         self.cfg = config or TurnPPOConfig()
