@@ -66,7 +66,7 @@ __all__ = [
     "parse_tool_calls",
 ]
 
-TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
 
 
 class EnvError(RuntimeError):
@@ -162,44 +162,77 @@ class ToolCall:
     error: str | None = None
 
 
+def _loads(raw: str) -> tuple[Any, str | None]:
+    """`json.loads` that never raises: (value, None) or (None, why it is not a value we can use).
+
+    A policy writes these strings, so every way the decoder can fail is an answer, not a crash:
+    bad JSON, nesting deeper than the interpreter's recursion limit (RecursionError), an integer
+    longer than Python's 4,300-digit conversion limit (ValueError).
+    """
+    try:
+        return json.loads(raw), None
+    except json.JSONDecodeError as e:
+        return None, f"the tool call is not valid JSON ({e.msg} at char {e.pos})"
+    except RecursionError:
+        return None, "the tool call is nested too deeply to read"
+    except ValueError as e:  # int() refuses more than sys.get_int_max_str_digits() digits
+        return None, f"the tool call holds a number too long to read ({str(e)[:80]})"
+
+
+def _clip(text: str, n: int = 80) -> str:
+    """The policy's own text echoed back in an error, cut short: a 1 MB tool name must not make a 1 MB observation."""
+    return text if len(text) <= n else text[:n] + f"... ({len(text) - n} more characters)"
+
+
 def parse_tool_calls(text: str) -> list[ToolCall]:
     """Every `<tool_call>...</tool_call>` in `text`, in order; malformed ones carry `error`.
+
+    A `<tool_call>` that is never closed is a malformed call of its own, wherever it stands (also
+    after closed ones); a stray `</tool_call>` with no opening is ignored. Never raises.
 
     >>> parse_tool_calls('<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>')
     [ToolCall(name='f', arguments={'x': 1}, error=None)]
     >>> print(parse_tool_calls('<tool_call>{"name": "f"</tool_call>')[0].error)
     the tool call is not valid JSON (Expecting ',' delimiter at char 12)
+    >>> [c.error is None for c in parse_tool_calls('<tool_call>{"name": "f"}</tool_call> <tool_call>{"name": "g"}')]
+    [True, False]
     """
     calls = []
-    for raw in TOOL_CALL_RE.findall(text):
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as e:
-            calls.append(ToolCall(None, {}, f"the tool call is not valid JSON ({e.msg} at char {e.pos})"))
+    pos = 0
+    while (start := text.find(OPEN_TAG, pos)) != -1:
+        body = start + len(OPEN_TAG)
+        end = text.find(CLOSE_TAG, body)
+        if end == -1:  # everything after the last opening tag is an unfinished call
+            calls.append(ToolCall(None, {}, "a <tool_call> was opened but never closed with </tool_call>"))
+            break
+        pos = end + len(CLOSE_TAG)
+        obj, error = _loads(text[body:end])
+        if error is not None:
+            calls.append(ToolCall(None, {}, error))
             continue
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             calls.append(ToolCall(None, {}, 'a tool call must be an object with a string "name"'))
             continue
         args = obj.get("arguments", {})
         if isinstance(args, str):  # some models emit arguments as a JSON string
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                pass
+            decoded, error = _loads(args)
+            if error is None:
+                args = decoded
         if not isinstance(args, dict):
             calls.append(ToolCall(obj["name"], {}, '"arguments" must be a JSON object'))
             continue
         calls.append(ToolCall(obj["name"], args))
-    if not calls and "<tool_call>" in text:
-        calls.append(ToolCall(None, {}, "a <tool_call> was opened but never closed with </tool_call>"))
     return calls
 
 
 def _validation_message(err: ValidationError) -> str:
     parts = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "arguments"
+        loc = _clip(".".join(str(p) for p in e["loc"]) or "arguments")  # keys are the policy's text
         parts.append(f"{loc}: {e['msg']}")
+        if len(parts) == 5 and err.error_count() > 5:  # a thousand bad keys need no thousand-line answer
+            parts.append(f"and {err.error_count() - 5} more")
+            break
     return "; ".join(parts)
 
 
@@ -352,19 +385,32 @@ class AgentEnv(gym.Env[str, str]):
             raise EnvError(f"{self._where()}: {what}() raised {type(e).__name__}: {e}") from e
 
     def _run_tools(self, action: str) -> tuple[str, int]:
+        """Run the action's calls in order: (the observation, how many calls were malformed).
+
+        Every malformed call is counted, also one written after a call that ended the episode:
+        the count measures what the policy wrote, while only calls before the end are run.
+        """
+        if not isinstance(action, str):  # the rollout's bug, not the policy's
+            raise EnvError(f"{self._where()}: step() takes the action text, got {type(action).__name__}")
         calls = parse_tool_calls(action)
         if not calls:
             names = ", ".join(self._tools)
             return f'error: no tool call found. Call a tool as <tool_call>{{"name": ..., "arguments": {{...}}}}</tool_call>; tools: {names}.', 1
-        outputs, bad = [], 0
+        outputs, bad, skipped = [], 0, 0
         for call in calls:
-            if call.error is not None:
-                outputs.append(f"error: {call.error}")
-                bad += 1
-                continue
             tool = self._tools.get(call.name or "")
-            if tool is None:
-                outputs.append(f"error: unknown tool {call.name!r}; tools: {', '.join(self._tools)}")
+            if call.error is not None:
+                error = call.error
+            elif tool is None:
+                error = f"unknown tool {_clip(repr(call.name))}; tools: {', '.join(self._tools)}"
+            else:
+                error = None
+            if self._finished:  # calls after a terminal one are not run, but a malformed one still counts
+                bad += error is not None or not _valid(tool, call.arguments)
+                skipped += 1
+                continue
+            if error is not None:
+                outputs.append(f"error: {error}")
                 bad += 1
                 continue
             try:
@@ -376,9 +422,20 @@ class AgentEnv(gym.Env[str, str]):
                 raise
             except Exception as e:
                 raise EnvError(f"{self._where()}: tool {tool.name!r} raised {type(e).__name__}: {e}") from e
-            if self._finished:
-                break  # calls after a terminal one are not run
+        if skipped:
+            outputs.append(f"({skipped} call(s) after the one that ended the episode were not run)")
         return "\n".join(outputs), bad
+
+
+def _valid(tool: Tool | None, arguments: dict[str, Any]) -> bool:
+    """Would `tool` accept `arguments`? (Checked without running it.)"""
+    if tool is None:
+        return False
+    try:
+        tool.params.model_validate(arguments)
+    except ValidationError:
+        return False
+    return True
 
 
 def _import_from_cwd(module: str) -> Any:

@@ -94,6 +94,42 @@ def test_malformed_call_is_a_counted_observation(action, needle):
     assert info["malformed_calls"] == 2  # counted over the episode
 
 
+@pytest.mark.parametrize(
+    "action, needle",
+    [
+        ("<tool_call>" + "[" * 1000 + "]" * 1000 + "</tool_call>", "nested too deeply"),  # RecursionError in json
+        ('<tool_call>{"name": "add", "arguments": {"x": ' + "7" * 4301 + "}}</tool_call>", "number too long"),  # int() limit
+        ('<tool_call>{"name": "add", "arguments": "' + "[" * 5000 + '"}</tool_call>', '"arguments" must be a JSON object'),
+        ('<tool_call>{"name": "add", "arguments": {"' + "k" * 10_000 + '": 1}}</tool_call>', "more characters"),
+    ],
+    ids=["nested-1000-deep", "int-of-4301-digits", "arguments-string-nested-5000-deep", "key-of-10000-characters"],
+)
+def test_inputs_that_crash_a_json_decoder_are_counted_observations(action, needle):
+    env = Counter()
+    env.reset(seed=0)
+    obs, r, term, trunc, info = env.step(action)
+    assert needle in obs and len(obs) < 1000  # the policy's own text is not echoed back whole
+    assert info["malformed"] == 1 and info["malformed_calls"] == 1 and not term
+
+
+def test_an_unclosed_call_after_a_closed_one_is_run_counted_and_explained():
+    env = Counter()
+    env.reset(seed=0)
+    obs, _, term, _, info = env.step(call("add", x=1) + ' <tool_call>{"name": "add", "arguments": {"x": 1}}')
+    assert obs.splitlines() == ["total 1", "error: a <tool_call> was opened but never closed with </tool_call>"]
+    assert env.total == 1 and info["malformed"] == 1 and not term
+
+
+def test_malformed_calls_after_the_ending_call_are_counted_but_nothing_more_runs():
+    env = Counter()
+    env.reset(seed=0)
+    action = call("add", x=3) + call("submit", answer=3) + call("add", x=9) + call("add", x="nine") + call("mul") + call("boom")
+    obs, r, term, _, info = env.step(action)
+    assert term and r == 1.0 and env.total == 3  # add(9) and boom() were not run
+    assert info["malformed"] == 2  # add("nine") and the unknown mul
+    assert obs.splitlines() == ["total 3", "submitted 3", "(4 call(s) after the one that ended the episode were not run)"]
+
+
 def test_turn_budget_truncates_never_terminates():
     env = Counter()
     env.reset(seed=0)
