@@ -125,6 +125,33 @@ def discounted_returns(r: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, 
     return G
 
 
+def value_changes(r: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B, K) d_k = r_k + V(s_{k+1}) - V(s_k) over valid turns, V(s_{K+1}) = 0 (R is folded into r_K):
+    how far each turn moved the expected value (arpo's turn weights, the probe's concentration).
+
+    >>> value_changes(torch.tensor([[0.0, 1.0]]), torch.tensor([[0.5, 0.75]]), torch.tensor([[True, True]])).tolist()
+    [[0.25, 0.25]]
+    """
+    m = mask.to(values.dtype)
+    v = values * m
+    nxt = torch.cat([v[:, 1:], torch.zeros_like(v[:, :1])], dim=1)  # V(s_{k+1}); 0 past the last turn
+    return (r + nxt - v) * m
+
+
+def value_change_concentration(d: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B,) max_k |d_k| / sum_k |d_k|: 1/K when value moves evenly, 1 when one turn moves it all, and
+    1/K when nothing moves (arpo's weights fall back to uniform then).
+
+    >>> d = torch.tensor([[0.0, -0.3, 0.1], [0.0, 0.0, 0.0]])
+    >>> [round(c, 4) for c in value_change_concentration(d, torch.ones(2, 3, dtype=torch.bool)).tolist()]
+    [0.75, 0.3333]
+    """
+    a = d.abs() * mask
+    total = a.sum(1)
+    K = mask.sum(1).clamp(min=1).to(d.dtype)
+    return torch.where(total > 1e-8, a.max(1).values / total.clamp(min=1e-8), 1.0 / K)
+
+
 def gae(r: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, bootstrap: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
     """(B, K) GAE over turns: d_k = r_k + gamma V(s_{k+1}) - V(s_k), A_k = sum_l (gamma lam)^l d_{k+l}.
 

@@ -1,0 +1,225 @@
+"""Calibrating the probe's horizon thresholds on a horizon sweep, and writing them as package data.
+
+    python -m agentrl.probe calibrate benchmarks/results/horizon_sweep.json   # rewrites agentrl/probe/thresholds.json
+
+The sweep (benchmarks/horizon_sweep.py) trains every registered assigner at several horizons from
+the same warm start; `thresholds_from_sweep` reads where turn-level credit first beat grpo by more
+than the seeds' spread. `write_thresholds` stores the calibrated fields with their provenance (the
+sweep file, its SHA-256, the commit that last changed it, the sweep's command and date, the
+derivation in words), which `default_thresholds()` then loads in a checkout and a wheel alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import shlex
+import statistics
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from agentrl.probe.thresholds import BASELINE, CALIBRATED, PACKAGED, PROVENANCE, ProbeThresholds, turn_level_assigners
+
+
+class HorizonSummary(BaseModel):
+    """One horizon of a sweep: per-assigner mean final pass rate and the seeds' spread."""
+
+    locks: int | None
+    max_turns: float
+    means: dict[str, float]
+    spread: float
+    best: str
+    within: list[str]  # assigners whose mean lies within the spread of the best
+
+
+def horizon_spread(finals: dict[str, list[float]], eval_episodes: int | None) -> float:
+    """The seeds' spread at one horizon: the pooled seed std of the final pass rates, floored by the
+    binomial standard error of one evaluation (a single seed has no std, but its score still has noise).
+
+    >>> round(horizon_spread({"a": [0.4, 0.6], "b": [0.5, 0.5]}, None), 4)
+    0.1
+    >>> round(horizon_spread({"a": [0.5]}, 100), 3)
+    0.05
+    """
+    variances = [statistics.variance(v) for v in finals.values() if len(v) > 1]
+    pooled = math.sqrt(sum(variances) / len(variances)) if variances else 0.0
+    if not eval_episodes:
+        return pooled
+    p = statistics.mean(x for v in finals.values() for x in v)
+    return max(pooled, math.sqrt(max(p * (1 - p), 0.0) / eval_episodes))
+
+
+def summarize_sweep(sweep: dict[str, Any]) -> list[HorizonSummary]:
+    """The sweep's horizons, shortest first (format: benchmarks/horizon_sweep.py's sweep.json)."""
+    if not isinstance(sweep, dict) or "horizons" not in sweep:
+        raise ValueError("not a horizon sweep: no 'horizons' key (expected benchmarks/horizon_sweep.py's sweep.json)")
+    eval_episodes = (sweep.get("args") or {}).get("eval_episodes")
+    out = []
+    for key, h in sweep["horizons"].items():
+        finals: dict[str, list[float]] = defaultdict(list)
+        for name, run in h.get("runs", {}).items():
+            if "final_pass_rate" not in run:
+                raise ValueError(f"sweep horizon {key}, run {name}: no final_pass_rate")
+            finals[run.get("algo", name.split("/")[0])].append(float(run["final_pass_rate"]))
+        if not finals:
+            continue
+        if "max_turns" not in h:
+            raise ValueError(f"sweep horizon {key}: no max_turns")
+        means = {a: statistics.mean(v) for a, v in finals.items()}
+        spread = horizon_spread(dict(finals), eval_episodes)
+        best = max(means, key=means.__getitem__)
+        within = sorted(a for a, m in means.items() if m >= means[best] - spread)
+        out.append(HorizonSummary(locks=h.get("locks"), max_turns=float(h["max_turns"]), means=means, spread=spread, best=best, within=within))
+    return sorted(out, key=lambda s: s.max_turns)
+
+
+# Arguments that say where a sweep wrote its files, not what it measured: left out of the command
+# that reproduces it (a developer's scratch folder does not belong in a shipped file).
+_PLACE_ARGS = ("out",)
+
+
+def sweep_command(sweep: dict[str, Any]) -> str:
+    """The command line that reproduces a sweep, rebuilt from its recorded arguments."""
+    parts = ["python", "benchmarks/horizon_sweep.py"]
+    for k, v in (sweep.get("args") or {}).items():
+        if k in _PLACE_ARGS:
+            continue
+        flag = "--" + k.replace("_", "-")
+        parts += [flag, *map(str, v)] if isinstance(v, list) else [flag, str(v)]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def thresholds_from_sweep(sweep: dict[str, Any], source: str = "sweep", base: ProbeThresholds | None = None) -> ProbeThresholds:
+    """Horizon thresholds fitted to a horizon sweep's measured crossover.
+
+    The crossover is the shortest horizon (by max turns) where some turn-level assigner's mean final
+    pass rate beats grpo's by more than the seeds' spread (`horizon_spread`). The cut-off sits halfway
+    between that horizon and the one below it (half its turns when it is the shortest); the candidates
+    are the turn-level assigners within the spread of the best at or past it; the fallback pick is the
+    best of them on average; the budget is the sweep's episodes per run. With no crossover,
+    `horizon_cutoff` is None and the horizon rule never recommends a turn-level assigner. Turn-level
+    means registered with `turn_level` (`turn_level_assigners()`); unregistered names are ignored.
+
+    >>> run = lambda a, s, p: {"algo": a, "seed": s, "final_pass_rate": p}
+    >>> sweep = {"args": {"updates": 10, "groups": 4, "group_size": 8}, "horizons": {
+    ...   "1": {"locks": 1, "max_turns": 3, "runs": {"grpo/0": run("grpo", 0, .8), "grpo/1": run("grpo", 1, .9),
+    ...                                                "arpo/0": run("arpo", 0, .8), "arpo/1": run("arpo", 1, .9)}},
+    ...   "8": {"locks": 8, "max_turns": 18, "runs": {"grpo/0": run("grpo", 0, .3), "grpo/1": run("grpo", 1, .4),
+    ...                                                "arpo/0": run("arpo", 0, .6), "arpo/1": run("arpo", 1, .7)}}}}
+    >>> t = thresholds_from_sweep(sweep)
+    >>> t.horizon_cutoff, t.turn_level_candidates, t.long_horizon_algo, t.min_budget_episodes
+    (10.5, ['arpo'], 'arpo', 320)
+    """
+    if not any(r.get("algo") == BASELINE for h in sweep.get("horizons", {}).values() for r in h.get("runs", {}).values()):
+        raise ValueError(f"the sweep has no {BASELINE} runs: the crossover is measured against {BASELINE}")
+    turn_level = set(turn_level_assigners())
+    horizons = summarize_sweep(sweep)
+    args = sweep.get("args") or {}
+    budget = int(args.get("updates", 0)) * int(args.get("groups", 0)) * int(args.get("group_size", 0))
+    t = (base or ProbeThresholds()).model_copy()
+    t.source = source
+    t.sweep_started = sweep.get("started")
+    t.sweep_command = sweep_command(sweep)
+    if budget:
+        t.min_budget_episodes = budget
+    cross = None
+    for i, h in enumerate(horizons):
+        if BASELINE not in h.means:
+            continue
+        lead = {a: m - h.means[BASELINE] for a, m in h.means.items() if a in turn_level}
+        if lead and max(lead.values()) > h.spread:
+            cross = i
+            break
+    measured = ", ".join(f"{h.max_turns:g} turns: best {h.best} ({h.means[h.best]:.2f}), {BASELINE} "
+                         f"{h.means.get(BASELINE, float('nan')):.2f}, spread {h.spread:.2f}" for h in horizons)
+    if cross is None:
+        t.horizon_cutoff = None
+        t.turn_level_candidates = []
+        t.derivation = (f"no horizon where a turn-level assigner beat {BASELINE} by more than the seeds' spread ({measured}); "
+                        "turn-level credit is never recommended by the horizon rule")
+        return t
+    h = horizons[cross]
+    prev = horizons[cross - 1] if cross > 0 else None
+    t.horizon_cutoff = (prev.max_turns + h.max_turns) / 2 if prev else h.max_turns / 2
+    past = horizons[cross:]
+    best_here = max((a for a in h.means if a in turn_level), key=h.means.__getitem__)
+    t.turn_level_candidates = sorted({a for p in past for a in p.within if a in turn_level} | {best_here})
+    avg = {a: statistics.mean(p.means[a] for p in past if a in p.means) for a in t.turn_level_candidates}
+    t.long_horizon_algo = max(avg, key=avg.__getitem__)
+    below = f"below it, at {prev.max_turns:g} turns, none did" if prev else "it is the sweep's shortest horizon, so the cut-off is half its turns"
+    t.derivation = (f"turn-level credit first beat {BASELINE} by more than the seeds' spread at {h.max_turns:g} max turns "
+                    f"(locks {h.locks}); {below}; cut-off {t.horizon_cutoff:g} turns; candidates {t.turn_level_candidates}; "
+                    f"budget {budget} episodes per run. Measured: {measured}")
+    return t
+
+
+# --------------------------------------------------------------------------------------------
+# The packaged calibration
+
+
+def _last_commit(path: Path) -> str | None:
+    """The commit that last changed `path`, when it sits in a git checkout (else None)."""
+    try:
+        out = subprocess.run(["git", "log", "-1", "--format=%H", "--", path.name], cwd=path.parent, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
+
+
+def calibration_record(sweep_path: str | Path, name: str | None = None) -> dict[str, Any]:
+    """What `write_thresholds` stores: the calibrated fields and their provenance, from a sweep file.
+
+    `name` is how the record names the sweep (default: the path as given; the committed one is
+    `benchmarks/results/horizon_sweep.json`, relative to the repository, never a machine's path).
+    """
+    path = Path(sweep_path)
+    raw = path.read_bytes()
+    try:
+        sweep = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: the horizon sweep's results are not valid JSON ({e})") from e
+    t = thresholds_from_sweep(sweep, source=name or str(sweep_path))
+    t.sweep_sha256 = hashlib.sha256(raw).hexdigest()
+    t.sweep_commit = _last_commit(path.resolve())
+    fields = t.model_dump()
+    return {
+        "generated_by": f"python -m agentrl.probe calibrate {name or sweep_path}",
+        "thresholds": {k: fields[k] for k in (*CALIBRATED, *PROVENANCE)},
+    }
+
+
+def packaged_path() -> Path:
+    """Where the package data lives in this checkout (the file `default_thresholds()` reads)."""
+    return Path(__file__).resolve().parent / PACKAGED
+
+
+def write_thresholds(sweep_path: str | Path, out: str | Path | None = None, name: str | None = None) -> Path:
+    """Calibrate on `sweep_path` and write the record to `out` (default: the package's thresholds.json)."""
+    record = calibration_record(sweep_path, name)
+    target = Path(out) if out is not None else packaged_path()
+    target.write_text(json.dumps(record, indent=2) + "\n")
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m agentrl.probe calibrate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("sweep", help="a sweep.json written by benchmarks/horizon_sweep.py (the committed one: benchmarks/results/horizon_sweep.json)")
+    ap.add_argument("--out", default=None, help="where to write the record (default: agentrl/probe/thresholds.json, the package data)")
+    args = ap.parse_args(argv)
+    try:
+        target = write_thresholds(args.sweep, args.out, name=args.sweep)
+    except (OSError, ValueError) as e:
+        print(f"calibration: {e}", file=sys.stderr)
+        return 2
+    t = json.loads(target.read_text())["thresholds"]
+    print(f"wrote {target}: horizon_cutoff {t['horizon_cutoff']}, candidates {t['turn_level_candidates']}, "
+          f"long-horizon pick {t['long_horizon_algo']}, budget {t['min_budget_episodes']}")
+    return 0
