@@ -1,0 +1,107 @@
+"""The probe recommends the same from a wheel install as from the checkout.
+
+The calibrated thresholds once lived only in `benchmarks/results/horizon_sweep.json`, which no wheel
+ships: on one store the checkout recommended steppo and a wheel grpo. They are package data now
+(`agentrl/probe/thresholds.json`, written by `python -m agentrl.probe calibrate`). This builds a wheel
+from a copy of the working tree, installs it into a fresh venv (system site-packages for the
+dependencies, no downloads) and probes the same store in both. The store sits between the packaged
+horizon cut-off (5 turns) and the literature's (30), where the two sources of thresholds disagree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentrl.core import Episode, Turn
+from agentrl.probe import probe_store
+from agentrl.probe.calibration import calibration_record
+from agentrl.probe.thresholds import packaged_thresholds
+from agentrl.store import TrajectoryStore
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Run in the venv, from a folder outside the checkout: prints which agentrl it imported and its pick.
+PROBE = """
+import json, sys
+import agentrl.probe
+r = agentrl.probe.probe_store(sys.argv[1])
+print(json.dumps({"file": agentrl.probe.__file__, "algo": r.recommendation.algo, "rule": r.recommendation.rule}))
+"""
+
+
+def ten_turn_store(path: Path) -> Path:
+    """8 groups x 4 episodes of 10 turns, half passing; the hidden state tells a passing episode from
+    a failing one, so the value probe's R² is high; no step scores and no state keys."""
+    eps = []
+    for g in range(8):
+        for i in range(4):
+            passed = (i + g) % 2 == 0
+            turns = [Turn(2 + 3 * k, [10 + k], [-0.5], [7, 8], hidden=[1.0 if passed else 0.0, float(k)]) for k in range(10)]
+            eps.append(Episode(prompt_ids=[1, 2], turns=turns, reward=1.0 if passed else 0.0, group_id=g))
+    return TrajectoryStore(eps).save(path)
+
+
+def install_wheel(tmp: Path) -> Path:
+    """Build a wheel from a copy of the working tree (so no build/ lands in the checkout) and install
+    it into a fresh venv; returns the venv's python."""
+    src = tmp / "src"
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", "dist")
+    for name in ("agentrl", "envs", "algorithms"):
+        shutil.copytree(ROOT / name, src / name, ignore=ignore)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    run = lambda *cmd: subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=300)  # noqa: E731
+    built = run(sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp / "wheels"))
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = (tmp / "wheels").glob("agentrl-*.whl")
+    made = run(sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(tmp / "venv"))
+    assert made.returncode == 0, made.stderr[-2000:]
+    python = tmp / "venv" / "bin" / "python"
+    # the system site's pip installs into the venv it is run from
+    installed = run(str(python), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel))
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    return python
+
+
+@pytest.fixture(scope="module")
+def wheel_python(tmp_path_factory) -> Path:
+    return install_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+def test_wheel_recommends_what_the_checkout_recommends(wheel_python, tmp_path):
+    store = ten_turn_store(tmp_path / "store.parquet")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([str(wheel_python), "-c", PROBE, str(store)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    wheel = json.loads(out.stdout.strip().splitlines()[-1])
+    venv = wheel_python.parent.parent
+    assert Path(wheel["file"]).resolve().is_relative_to(venv.resolve()), f"the venv imported {wheel['file']}, not its wheel"
+
+    here = probe_store(store)
+    import agentrl.probe
+
+    assert Path(agentrl.probe.__file__).resolve().is_relative_to(ROOT)
+    assert (wheel["algo"], wheel["rule"]) == (here.recommendation.algo, here.recommendation.rule)
+    # and the store sits where the two sources of thresholds disagree: the packaged calibration takes it
+    # past the horizon cut-off (5 turns); the literature's 30 turns would have kept grpo
+    assert (here.recommendation.algo, here.recommendation.rule) == ("steppo", "long-horizon")
+
+
+def test_packaged_thresholds_are_the_committed_sweeps_calibration():
+    """thresholds.json must be regenerated when the committed sweep (or the calibration) changes."""
+    record = calibration_record(ROOT / "benchmarks" / "results" / "horizon_sweep.json", name="benchmarks/results/horizon_sweep.json")
+    shipped = json.loads((ROOT / "agentrl" / "probe" / "thresholds.json").read_text())
+    fresh, packaged = record["thresholds"], shipped["thresholds"]
+    fresh.pop("sweep_commit"), packaged.pop("sweep_commit")  # which commit holds the file says nothing of its content
+    assert packaged == fresh, "agentrl/probe/thresholds.json is stale: run python -m agentrl.probe calibrate benchmarks/results/horizon_sweep.json"
+    t = packaged_thresholds()
+    assert (t.horizon_cutoff, t.long_horizon_algo, t.min_budget_episodes) == (5.0, "steppo", 384)
+    assert t.source == "packaged agentrl/probe/thresholds.json, calibrated on benchmarks/results/horizon_sweep.json"
+    assert "--out" not in t.sweep_command  # a developer's output folder is no part of what the sweep measured
