@@ -37,7 +37,12 @@ from pathlib import Path
 
 import numpy as np
 
-ALGOS = ["grpo", "arpo", "steppo", "turn-ppo", "gigpo"]
+from agentrl.algorithms import ASSIGNERS
+
+# Every registered assigner, and which of them assign credit per turn: a newly registered one is swept,
+# and so calibrated into the probe's thresholds (python -m agentrl.probe calibrate), without editing this file.
+ALGOS = list(ASSIGNERS)
+TURN_LEVEL = {name for name, spec in ASSIGNERS.items() if getattr(spec, "turn_level", False)}
 
 
 def calibrate(locks: int, target: float = 0.5, episodes: int = 400) -> tuple[int, float, float]:
@@ -192,13 +197,13 @@ def finish(results: dict, algos: list[str], out: Path) -> None:
     print(table)
     longest = results["horizons"][str(max(args_locks))]
     means = {a: statistics.mean(r["final_pass_rate"] for r in longest["runs"].values() if r["algo"] == a) for a in algos}
-    turn_level = {a: m for a, m in means.items() if a != "grpo"}
+    turn_level = {a: m for a, m in means.items() if a in TURN_LEVEL}
     best = max(turn_level, key=turn_level.get) if turn_level else "grpo"
     grpo = means.get("grpo")
     # ratio: the best turn-level assigner at each horizon (what a right pick per horizon gives) over
     # grpo at every horizon, summed over horizons (grpo's 0 at one horizon must not make it infinite)
     per_h = [{a: statistics.mean(r["final_pass_rate"] for r in h["runs"].values() if r["algo"] == a) for a in algos} for h in results["horizons"].values()]
-    best_sum = sum(max(m[a] for a in m if a != "grpo") for m in per_h if len(m) > 1)
+    best_sum = sum(max(m[a] for a in m if a in TURN_LEVEL) for m in per_h if any(a in TURN_LEVEL for a in m))
     grpo_sum = sum(m["grpo"] for m in per_h if "grpo" in m)
     ratio = round(best_sum / grpo_sum, 3) if grpo_sum else None
     print(json.dumps({"benchmark": "horizon_sweep", "wall_s": round(results["wall_s"]), "horizons": len(results["horizons"]),
