@@ -363,9 +363,9 @@ def test_cli_probe_errors(tmp_path, capsys):
     bad = tmp_path / "bad.parquet"
     bad.write_text("garbage")
     assert main(["probe", "--store", str(bad), "--out", str(tmp_path / "rep")]) == 2
-    assert "not a readable Parquet file" in capsys.readouterr().out
+    assert "not a readable Parquet file" in capsys.readouterr().err  # errors go to stderr
     assert main(["probe", "--store", str(bad), "--threshold", "horizon_cutof=3"]) == 2
-    assert "horizon_cutof" in capsys.readouterr().out
+    assert "horizon_cutof" in capsys.readouterr().err
 
 
 def test_probe_env_rolls_out_with_hidden_states(vault_policy, tmp_path):
@@ -390,3 +390,51 @@ def test_bakeoff_runs_each_assigner_from_the_same_start(vault_policy_dir, tmp_pa
     assert [r.algo for r in runs] == ["grpo", "gigpo"]
     assert all(len(r.curve) == 2 for r in runs) and runs[0].warm_pass_rate == runs[1].warm_pass_rate
     assert (tmp_path / "bakeoff-gigpo" / "summary.json").is_file()
+
+
+# -- the registry decides which assigners are turn-level ------------------------------------------
+
+
+def test_a_newly_registered_turn_level_assigner_can_be_recommended(monkeypatch):
+    """No probe code names it: registered with turn_level, it is swept, the calibration makes it the
+    long-horizon pick, and `picks` can route a condition to it. (The probe reads only `turn_level`
+    from a registry entry, so a stand-in entry is all this test needs.)"""
+    import types
+
+    from agentrl.algorithms import ASSIGNERS
+    from agentrl.probe import turn_level_assigners
+
+    s = sweep({1: {"grpo": [0.8, 0.9], "toy-turn": [0.8, 0.85]}, 8: {"grpo": [0.3, 0.4], "toy-turn": [0.6, 0.7], "gigpo": [0.35, 0.4]}})
+    before = thresholds_from_sweep(s)  # unregistered: the sweep's toy-turn runs are not turn-level credit
+    assert before.horizon_cutoff is None and "toy-turn" not in turn_level_assigners()
+
+    monkeypatch.setitem(ASSIGNERS, "toy-turn", types.SimpleNamespace(turn_level=True))
+    t = thresholds_from_sweep(s)
+    assert (t.horizon_cutoff, t.turn_level_candidates, t.long_horizon_algo) == ((3 + 17) / 2, ["toy-turn"], "toy-turn")
+    rec, _ = recommend(stats(turns_median=17), t, 640)
+    assert (rec.algo, rec.rule) == ("toy-turn", "long-horizon")
+
+    routed = TH.model_copy(update={"turn_level_candidates": ["toy-turn"], "picks": {**TH.picks, "dense-step-scores": "toy-turn"}})
+    rec, _ = recommend(stats(step_reward_density=0.5), routed, 1000)
+    assert (rec.algo, rec.rule) == ("toy-turn", "dense-step-scores")
+
+
+def test_thresholds_name_only_registered_assigners():
+    with pytest.raises(ValueError, match=r"picks: \['nosuch'\] not registered"):
+        ProbeThresholds(picks={"dense-step-scores": "nosuch"})
+    with pytest.raises(ValueError, match="long_horizon_algo"):
+        ProbeThresholds(long_horizon_algo="turn_ppo")
+
+
+def test_packaged_thresholds_are_the_default_and_a_bad_record_is_refused():
+    from agentrl.probe.thresholds import thresholds_from_record
+
+    t = default_thresholds()
+    assert t.source.startswith("packaged") and t.sweep_sha256 and t.horizon_cutoff == 5.0
+    assert probe_episodes(synthetic_store().episodes).thresholds == t  # what every caller gets without thresholds
+    with pytest.raises(ValueError, match=r"fields \['min_episodes'\] are not calibrated"):
+        thresholds_from_record({"thresholds": {"min_episodes": 3}}, "x.json")
+    with pytest.raises(ValueError, match="x.json: expected an object with a 'thresholds' object"):
+        thresholds_from_record([1, 2], "x.json")
+    with pytest.raises(ValueError, match="x.json: .*horizon_cutoff"):
+        thresholds_from_record({"thresholds": {"horizon_cutoff": "soon"}}, "x.json")

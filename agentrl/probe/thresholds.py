@@ -134,7 +134,8 @@ def thresholds_from_record(data: Any, where: str) -> ProbeThresholds:
     try:
         return ProbeThresholds(**data["thresholds"])
     except ValidationError as e:
-        raise ValueError(f"{where}: {e}") from e
+        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']} (got {err['input']!r})" for err in e.errors())
+        raise ValueError(f"{where}: {problems}") from e
 
 
 def default_thresholds(path: str | Path | None = None) -> ProbeThresholds:
