@@ -1,411 +1,467 @@
-"""The `agentrl` command: a thin layer over the Python API.
+"""The `agentrl` command, generated from the configuration models.
 
-    agentrl train [--algo grpo] [--config run.yaml] [--set rollout.group_size=4 ...]
-    agentrl sft --env agentrl/Vault-v0 --out warm/
+    agentrl train [--algo turn-ppo] [--config run.yaml] [--set rollout.group_size=4 ...] [--rollout.groups 4 ...]
+    agentrl sft --out warm/ [--data demos.jsonl] [--model ...]
+    agentrl dpo --model warm/ --out pref/
+    agentrl pipeline [--algo grpo]                         # SFT -> DPO -> RL
+    agentrl probe [--env ...] | --store RUN_DIR             # horizon report, recommended assigner
     agentrl check-env my_pkg.envs:MyEnv
+    agentrl verify-probe --env agentrl/Code-v0
+    agentrl report RUN_DIR
     agentrl algos
-    agentrl report RUN_DIR        # markdown + self-contained HTML report, alarm spans shaded
-    agentrl probe --env agentrl/Vault-v0 [--bakeoff] | --store RUN_DIR   # horizon report, recommended assigner
+
+Every flag of a subcommand is a field of that subcommand's pydantic model, and its `--help` line is
+the field's description (tyro builds the parser from the models: nested models become dotted
+flags such as `--rollout.group-size`, and a typo is answered with the nearest flag). It was chosen
+over pydantic-settings' CLI source because it needs no settings classes (no environment variables
+leak into a run's config) and types a nested model's flags exactly, and over jsonargparse because it
+reads pydantic's field descriptions and validators as they are. `--config FILE` gives the defaults
+(a run's own config.yaml works), `--set KEY=VALUE` overrides any field by its dotted name, and a
+flag overrides both. Every error goes to stderr with exit status 2, before any work is done: this
+module and `agentrl.config` import neither torch nor transformers.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import functools
 import sys
-from typing import Any
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import ValidationError
-from rich.console import Console
-from rich.table import Table
+import tyro
+from pydantic import Field, ValidationError, create_model
 
-from agentrl.stages.commands import add_dpo, add_pipeline
-from agentrl.verify.probe import add_cli as add_verify_probe
+from agentrl.config import (
+    DPOConfig,
+    EnvConfig,
+    SFTConfig,
+    Strict,
+    TrainConfig,
+    _deep_update,
+    describe_errors,
+    parse_override,
+    read_yaml,
+)
 
-console = Console(stderr=False)
+
+class UsageError(Exception):
+    """Bad input on the command line or in a config file: reported on stderr, exit status 2."""
 
 
-def _kv(items: list[str] | None) -> dict[str, Any]:
-    import yaml
+def _err(msg: str) -> None:
+    print(f"agentrl: error: {msg}", file=sys.stderr)
 
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console()
+
+
+# -- flags shared by the commands that take a train config -----------------------------------------
+
+
+class ConfigFlags(Strict):
+    config: str | None = Field(None, description="A YAML config file whose values are the defaults (a run's own "
+                               "config.yaml works); --set and flags apply on top.")
+    set: list[str] = Field([], description="Override any field by its dotted name, KEY=VALUE with a YAML value, e.g. "
+                           "rollout.group_size=4 (repeatable); applied after --config, before flags.")
+    env_kw: list[str] = Field([], description="An argument of the environment's constructor, KEY=VALUE with a YAML value, "
+                              "e.g. locks=4 (repeatable): the same as --set env.kwargs.KEY=VALUE.")
+    print_config: bool = Field(False, description="Print the resolved config (every field, the assigner's options with their "
+                               "defaults) as YAML and exit.")
+
+
+_CONFIG_FLAGS = tuple(ConfigFlags.model_fields)
+
+
+def _prescan(argv: Sequence[str]) -> argparse.Namespace:
+    """--config, --set, --env-kw and --algo, read before the full parser is built (it depends on them)."""
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument("--config")
+    p.add_argument("--set", action="append", default=[])
+    p.add_argument("--env-kw", action="append", default=[])
+    p.add_argument("--algo")
+    known, _ = p.parse_known_args(list(argv))
+    return known
+
+
+def _kv(items: Sequence[str], flag: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for item in items or []:
-        if "=" not in item:
-            raise SystemExit(f"error: expected key=value, got {item!r}")
-        k, _, v = item.partition("=")
-        out[k] = yaml.safe_load(v)
+    for item in items:
+        key = item.partition("=")[0]
+        if "=" not in item or not key.strip():
+            raise UsageError(f"{flag} expects KEY=VALUE, got {item!r}")
+        try:
+            out.update(parse_override(item))
+        except ValueError as e:
+            raise UsageError(f"{flag}: {e}") from None
     return out
 
 
-def _validation_error(e: ValidationError) -> str:
-    lines = []
-    for err in e.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "config"
-        lines.append(f"  {loc}: {err['msg']}")
-    return "invalid configuration:\n" + "\n".join(lines)
-
-
-# -- train --------------------------------------------------------------------------------------
-
-
-def add_train(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "train",
-        help="RL on an environment (on defaults: tiny policy, SFT warm start, GRPO on Vault, CPU, minutes)",
-        description="Roll out the policy in groups, assign credit with --algo, update with the shared PPO-clip loss. "
-        "Without --model, builds a tiny policy for the environment and warm-starts it by SFT on noisy expert "
-        "demonstrations (cached under $AGENTRL_CACHE, default ~/.cache/agentrl). Writes config.yaml, "
-        "metrics.jsonl, store/*.parquet, checkpoint/ and summary.json into the run folder.",
-    )
-    p.add_argument("--algo", help="credit assigner (see `agentrl algos`), or auto: run the horizon probe first and train with "
-                   "its recommendation; default grpo")
-    p.add_argument("--preset", choices=["dapo", "dr-grpo"], help="fill in a published recipe's settings")
-    p.add_argument("--env", help="environment id or module:Class; default agentrl/Vault-v0")
-    p.add_argument("--env-kw", action="append", metavar="KEY=VALUE", help="environment constructor argument, e.g. locks=4 (repeatable)")
-    p.add_argument("--model", help="HF hub id or local folder; default: build and warm-start the tiny policy")
-    p.add_argument("--engine", choices=["torch", "vllm"], help="generation backend; default torch")
-    p.add_argument("--device", help="auto | cpu | cuda")
-    p.add_argument("--updates", type=int, help="number of policy updates")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--out", help="run folder; default runs/<algo>-<time>")
-    p.add_argument("--config", help="YAML config file (a run's config.yaml works)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", default=[], help="override any config field, e.g. rollout.group_size=4 (repeatable)")
-    p.add_argument("--lora-r", type=int, help="train LoRA adapters of this rank only (peft); the KL reference is the base "
-                   "model with adapters off, so no second copy is held; default 0: full fine-tuning")
-    p.add_argument("--lora-alpha", type=float, help="LoRA scaling numerator; default 2 x rank")
-    p.add_argument("--lora-dropout", type=float, help="dropout on the adapters' input; default 0")
-    p.add_argument("--lora-targets", nargs="+", metavar="MODULE", help="modules that get adapters, e.g. q_proj v_proj; default all-linear")
-    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    p.add_argument("--on-alarm", choices=["warn", "stop", "intervene"],
-                   help="on a health alarm: warn (default: show and log), stop the run, or intervene (apply the enabled interventions)")
-    p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard event files into <run>/tensorboard")
-    p.add_argument("--wandb", action="store_true", help="also log to Weights & Biases, offline, into <run>/wandb")
-    p.set_defaults(func=cmd_train)
-
-
-def cmd_train(args: argparse.Namespace) -> int:
-    from agentrl.config import load_config, parse_override
-
-    overrides: list[dict[str, Any]] = []
-    auto = args.algo == "auto"
-    flat = {"algo": None if auto else args.algo, "preset": args.preset, "model": args.model, "engine": args.engine, "device": args.device,
-            "updates": args.updates, "seed": args.seed, "out": args.out}
-    overrides.append({k: v for k, v in flat.items() if v is not None})
-    if args.env:
-        overrides.append({"env": {"id": args.env}})
-    if args.env_kw:
-        overrides.append({"env": {"kwargs": _kv(args.env_kw)}})
-    lora = {"r": getattr(args, "lora_r", None), "alpha": getattr(args, "lora_alpha", None), "dropout": getattr(args, "lora_dropout", None),
-            "target_modules": getattr(args, "lora_targets", None)}
-    if any(v is not None for v in lora.values()):
-        overrides.append({"optim": {"lora": {k: v for k, v in lora.items() if v is not None}}})
-    if getattr(args, "on_alarm", None):
-        overrides.append({"health": {"on_alarm": args.on_alarm}})
-    if getattr(args, "tensorboard", False) or getattr(args, "wandb", False):
-        overrides.append({"log": {k: True for k in ("tensorboard", "wandb") if getattr(args, k, False)}})
+def _base_data(argv: Sequence[str]) -> tuple[dict[str, Any], argparse.Namespace]:
+    """The config file with --set and --env-kw applied: the defaults the generated parser shows."""
+    pre = _prescan(argv)
     try:
-        overrides += [parse_override(s) for s in args.set]
-        cfg = load_config(args.config, overrides)
+        data = read_yaml(pre.config) if pre.config else {}
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--config: {e}") from None
+    for item in pre.set:
+        try:
+            _deep_update(data, parse_override(item))
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    if pre.env_kw:
+        _deep_update(data, {"env": {"kwargs": _kv(pre.env_kw, "--env-kw")}})
+    return data, pre
+
+
+def _validate(model: type[Strict], data: dict[str, Any], where: str) -> Any:
+    try:
+        return model.model_validate(data)
     except ValidationError as e:
-        console.print(f"[red]error[/red]: {_validation_error(e)}")
-        return 2
-    except (ValueError, FileNotFoundError) as e:
-        console.print(f"[red]error[/red]: {e}")
-        return 2
-    if args.print_config:
-        console.print(cfg.to_yaml(), highlight=False)
-        return 0
-    try:
-        from agentrl.core import make
+        raise UsageError(f"invalid configuration ({where}):\n{describe_errors(e)}") from None
 
-        make(cfg.env.id, **cfg.env.kwargs)  # fail on a bad env before building anything
-    except (ValueError, TypeError) as e:
-        console.print(f"[red]error[/red]: environment: {e}")
-        return 2
-    from agentrl.trainer import Trainer
+
+@functools.cache
+def _train_parser_model(algo: str, extra: type[Strict] | None) -> type[Strict]:
+    """TrainConfig with `credit` typed as `algo`'s options (so `--credit.*` are exactly that assigner's
+    flags), plus the command's own flags."""
+    from agentrl.algorithms import get_spec
+
+    spec = get_spec(algo)
+    bases = (ConfigFlags, TrainConfig) if extra is None else (ConfigFlags, extra, TrainConfig)
+    return create_model(  # type: ignore[call-overload, no-any-return]
+        "TrainFlags", __base__=bases,
+        credit=(spec.config, Field(default_factory=spec.config, description=f"Options of {algo}: {spec.description}.")),
+    )
+
+
+def _parse(model: type[Strict], argv: Sequence[str], prog: str, description: str, default: Any = None) -> Any:
+    return tyro.cli(model, args=list(argv), prog=prog, description=description, default=default,
+                    config=(tyro.conf.UseAppendAction,))
+
+
+def parse_train(argv: Sequence[str], prog: str, description: str, extra: type[Strict] | None = None,
+                ) -> tuple[TrainConfig, Any, bool]:
+    """(the train config, the parsed flags, whether --algo auto was asked for)."""
+    data, pre = _base_data(argv)
+    auto = pre.algo == "auto"
+    if pre.algo and not auto:
+        data["algo"] = pre.algo
+    argv = list(argv)
+    if auto:  # not an assigner: the probe picks one later; parse with the config's (or the default) algo
+        i = argv.index("--algo") if "--algo" in argv else None
+        argv = argv[:i] + argv[i + 2:] if i is not None else [a for a in argv if a != "--algo=auto"]
+    base = _validate(TrainConfig, data, f"--config {pre.config}" if pre.config else "--set")
+    model = _train_parser_model(base.algo, extra)
+    default = model.model_validate({**base.model_dump(), **({} if extra is None else extra().model_dump())})
+    flags = _parse(model, argv, prog, description, default)
+    drop = set(_CONFIG_FLAGS) | (set(extra.model_fields) if extra is not None else set())
+    cfg = _validate(TrainConfig, flags.model_dump(exclude=drop), "flags")
+    return cfg, flags, auto
+
+
+def _check_env(env_id: str, kwargs: dict[str, Any]) -> None:
+    """Build the environment once, so that a bad id or argument fails before any other work."""
+    from agentrl.core import make
+
+    try:
+        make(env_id, **kwargs)
+    except (ValueError, TypeError, ImportError, AttributeError) as e:
+        raise UsageError(f"environment {env_id}: {e}") from None
+
+
+def _check_device(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError(f"device {device}: no CUDA device is visible here (torch {torch.__version__}); use --device cpu or auto")
+
+
+# -- train ------------------------------------------------------------------------------------------
+
+TRAIN_HELP = ("RL on an environment. Without --model, builds a tiny policy for the environment and warm-starts it by SFT "
+              "on noisy expert demonstrations (cached under $AGENTRL_CACHE, default ~/.cache/agentrl), then rolls out "
+              "groups, assigns credit with --algo and updates with the shared PPO-clip loss. Writes config.yaml, "
+              "metrics.jsonl, store/*.parquet, checkpoint/ and summary.json into the run folder.")
+
+
+def cmd_train(argv: Sequence[str]) -> int:
+    cfg, flags, auto = parse_train(argv, "agentrl train", TRAIN_HELP)
+    if flags.print_config:
+        print(cfg.to_yaml(), end="")
+        return 0
+    _check_env(cfg.env.id, cfg.env.kwargs)
+    _check_device(cfg.device)
+    from agentrl.trainer import train
 
     if auto:
-        from agentrl.config import TrainConfig
         from agentrl.probe import recommend_for_config
 
-        console.print("--algo auto: probing the environment with the starting policy first")
+        print("--algo auto: probing the environment with the starting policy first", file=sys.stderr)
         algo, reason = recommend_for_config(cfg)
-        console.print(f"[bold]--algo auto -> {algo}[/bold]: {reason}")
+        print(f"--algo auto -> {algo}: {reason}", file=sys.stderr)
         try:
-            cfg = TrainConfig(**{**cfg.model_dump(), "algo": algo})
-        except ValidationError as e:  # credit options given for one assigner may not fit another
-            console.print(f"[red]error[/red]: the probe chose {algo}, but {_validation_error(e)}")
-            return 2
-    Trainer(cfg).train()
+            cfg = TrainConfig(**{**cfg.model_dump(exclude={"credit"}), "algo": algo})
+        except ValidationError as e:
+            raise UsageError(f"the probe chose {algo}, but the config does not fit it:\n{describe_errors(e)}") from None
+    train(cfg)
     return 0
 
 
-# -- sft ----------------------------------------------------------------------------------------
+# -- sft --------------------------------------------------------------------------------------------
 
 
-def add_sft(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sft", help="stage one: fine-tune on expert demonstrations (loss on action tokens only)",
-                       description="Build the tiny policy for the environment (or load --model) and fine-tune it on its "
-                       "scripted expert's demonstrations; saves an HF folder and reports the held-out pass rate.")
-    p.add_argument("--env", default="agentrl/Vault-v0")
-    p.add_argument("--env-kw", action="append", metavar="KEY=VALUE")
-    p.add_argument("--model", help="start from this model instead of building the tiny one")
-    p.add_argument("--out", required=True, help="folder for the fine-tuned model")
-    p.add_argument("--episodes", type=int, default=3000)
-    p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--lr", type=float, default=None, help="default 3e-3 for the tiny model, 2e-5 for a loaded one")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--noise", type=float, default=0.35, help="the expert's slip rate")
-    p.add_argument("--data", help="JSONL of conversations to train on instead of the env's expert (needs --model)")
-    p.add_argument("--lora-r", type=int, default=0, help="train LoRA adapters of this rank (merged into the saved model); 0: full fine-tuning")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--eval-episodes", type=int, default=128)
-    p.set_defaults(func=cmd_sft)
+class SFTCommand(Strict):
+    out: str = Field(description="Folder for the fine-tuned model (an ordinary Hugging Face folder).")
+    env: EnvConfig = Field(default_factory=EnvConfig, description="The environment whose expert demonstrates, and on whose "
+                           "held-out seeds the result is evaluated.")
+    model: str | None = Field(None, description="Start from this model (folder or hub id); default: build the tiny policy.")
+    data: str | None = Field(None, description="JSONL of conversations to train on instead of the env's expert (format: "
+                             "agentrl.stages.data).")
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    lora_r: int = Field(0, ge=0, description="Train LoRA adapters of this rank (merged into the saved model); 0: full fine-tuning.")
+    seed: int = Field(0, description="Seeds the model build and the demonstration order.")
+    eval_episodes: int = Field(128, ge=1, description="Held-out episodes to evaluate the result on.")
 
 
-def cmd_sft(args: argparse.Namespace) -> int:
+def cmd_sft(argv: Sequence[str]) -> int:
+    cmd = _parse(SFTCommand, argv, "agentrl sft", "Stage one: fine-tune on demonstrations (loss on action tokens only), "
+                 "from the environment's scripted expert or a JSONL file; saves an HF folder and reports the held-out pass rate.")
+    _check_env(cmd.env.id, cmd.env.kwargs)
+    if (cmd.data or cmd.lora_r) and cmd.model is None:
+        raise UsageError("--data and --lora-r fine-tune an existing model: give --model")
     import json
     import shutil
-    from pathlib import Path
 
-    from agentrl.config import SFTConfig, TrainConfig
     from agentrl.core import make
     from agentrl.policy import Policy
     from agentrl.stages.sft import collect_demos, sft, warm_start
     from agentrl.trainer import evaluate
 
-    env_kw = _kv(args.env_kw)
-    try:
-        make(args.env, **env_kw)
-        lr = args.lr if args.lr is not None else (3e-3 if args.model is None else 2e-5)
-        sft_cfg = SFTConfig(episodes=args.episodes, epochs=args.epochs, lr=lr, batch_size=args.batch_size, noise=args.noise)
-        cfg = TrainConfig(env={"id": args.env, "kwargs": env_kw}, model=args.model, sft=sft_cfg, seed=args.seed,
-                          eval={"episodes": args.eval_episodes})
-    except ValidationError as e:
-        console.print(f"[red]error[/red]: {_validation_error(e)}")
-        return 2
-    except (ValueError, TypeError) as e:
-        console.print(f"[red]error[/red]: {e}")
-        return 2
-    if (args.data or args.lora_r) and args.model is None:
-        console.print("[red]error[/red]: --data and --lora-r fine-tune an existing model: give --model")
-        return 2
-    out = Path(args.out)
-    if args.model is None:
-        folder = warm_start(args.env, env_kw, cfg.tiny, sft_cfg, args.seed, say=console.print)
+    cfg = TrainConfig(env=cmd.env, model=cmd.model, sft=cmd.sft, seed=cmd.seed, eval={"episodes": cmd.eval_episodes})
+    out = Path(cmd.out)
+    if cmd.model is None:
+        folder = warm_start(cmd.env.id, cmd.env.kwargs, cfg.tiny, cmd.sft, cmd.seed)
         shutil.copytree(folder, out, dirs_exist_ok=True)
         policy = Policy.load(out)
     else:
         from agentrl.stages.data import DataError, load_demos
 
-        policy = Policy.load(args.model)
+        policy = Policy.load(cmd.model)
         try:
-            demos = (load_demos(args.data, policy.chat) if args.data else
-                     collect_demos(lambda: make(args.env, **env_kw), policy.chat, list(range(20_000_000, 20_000_000 + args.episodes)), args.noise))
+            demos = (load_demos(cmd.data, policy.chat) if cmd.data else
+                     collect_demos(lambda: make(cmd.env.id, **cmd.env.kwargs), policy.chat,
+                                   list(range(20_000_000, 20_000_000 + cmd.sft.episodes)), cmd.sft.noise))
         except DataError as e:
-            console.print(f"[red]error[/red]: {e}")
-            return 2
+            raise UsageError(str(e)) from None
         model = policy.model
-        if args.lora_r:
+        if cmd.lora_r:
             from peft import LoraConfig, get_peft_model
 
-            model = get_peft_model(model, LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, target_modules="all-linear", lora_dropout=0.0))
-        metrics = sft(model, demos, policy.chat.pad_id, epochs=args.epochs, lr=lr, batch_size=args.batch_size, seed=args.seed)
-        if args.lora_r:
+            model = get_peft_model(model, LoraConfig(r=cmd.lora_r, lora_alpha=2 * cmd.lora_r, target_modules="all-linear",
+                                                     lora_dropout=0.0))
+        metrics = sft(model, demos, policy.chat.pad_id, epochs=cmd.sft.epochs, lr=cmd.sft.lr_for(pretrained=True),
+                      batch_size=cmd.sft.batch_size, seed=cmd.seed)
+        if cmd.lora_r:
             policy.model = model.merge_and_unload()  # an ordinary HF folder, loadable without peft
         policy.save(out)
         (out / "warm_start.json").write_text(json.dumps(metrics, indent=2))
-    result = evaluate(cfg, policy, cfg.rollout.sampling, getattr(policy.model.config, "max_position_embeddings", 2048))
-    console.print(f"held-out pass rate {result.pass_rate:.3f} over {result.episodes} episodes; model saved to {out}")
+    result = evaluate(cfg, policy, None, getattr(policy.model.config, "max_position_embeddings", 2048))
+    print(f"held-out pass rate {result.pass_rate:.3f} over {result.episodes} episodes; model saved to {out}")
     return 0
 
 
-# -- report -------------------------------------------------------------------------------------
+# -- dpo, pipeline ----------------------------------------------------------------------------------
 
 
-def add_report(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("report", help="markdown + self-contained HTML report of a run (finished or still running)",
-                       description="Reads RUN_DIR/metrics.jsonl (a half-written last line is skipped), replays the health "
-                       "alarms where the run did not log them, and writes report.md, report.html (plots embedded) and the "
-                       "plots as PNG files into RUN_DIR (or --out).")
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder holding metrics.jsonl")
-    p.add_argument("--out", help="folder for the report; default RUN_DIR")
-    p.set_defaults(func=cmd_report)
+class DPOCommand(Strict):
+    model: str = Field(description="The policy to start from (HF folder or hub id); also the frozen reference.")
+    out: str = Field(description="Folder for the tuned model and dpo_metrics.jsonl.")
+    pairs: str | None = Field(None, description="JSONL preference pairs ({chosen, rejected} conversations); without it, "
+                              "pairs come from the policy's own rollouts on --env (a passing against a failing episode of "
+                              "one task).")
+    env: EnvConfig = Field(default_factory=EnvConfig, description="The environment to roll out in when --pairs is not given.")
+    dpo: DPOConfig = Field(default_factory=DPOConfig)
+    seed: int = Field(0, description="Seeds the rollouts that build pairs and the pair order.")
 
 
-def cmd_report(args: argparse.Namespace) -> int:
-    from agentrl.report import write_report
+def cmd_dpo(argv: Sequence[str]) -> int:
+    cmd = _parse(DPOCommand, argv, "agentrl dpo", "Stage two: preference optimisation (DPO, SimPO, IPO) on multi-turn "
+                 "episodes; only action tokens count, observations are masked.")
+    import copy
+    import json
+
+    from agentrl.policy import Policy
+    from agentrl.stages.data import DataError, load_pairs
+    from agentrl.stages.dpo import pairs_from_episodes, train_preferences
+    from agentrl.stages.pipeline import collect_groups
+
+    dcfg = cmd.dpo
+    try:
+        policy = Policy.load(cmd.model)
+        if cmd.pairs:
+            pairs, counts = load_pairs(cmd.pairs, policy.chat)
+        else:
+            _check_env(cmd.env.id, cmd.env.kwargs)
+            cfg = TrainConfig(env=cmd.env, seed=cmd.seed)
+            pairs, counts = pairs_from_episodes(collect_groups(cfg, policy, dcfg.groups, dcfg.group_size, cmd.seed),
+                                                dcfg.max_pairs_per_group)
+            if not pairs:
+                raise UsageError(f"no pairs: all {counts['groups']} groups were all-pass or all-fail; raise --dpo.groups or "
+                                 "start from a policy with a pass rate in (0, 1)")
+    except (DataError, OSError) as e:
+        raise UsageError(str(e)) from None
+    print(f"{len(pairs)} pairs ({', '.join(f'{k} {v}' for k, v in counts.items())})")
+    reference = copy.deepcopy(policy.model).eval().requires_grad_(False) if dcfg.loss != "simpo" else None
+    out = Path(cmd.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "dpo_metrics.jsonl", "w") as log:
+        metrics = train_preferences(policy.model, reference, pairs, policy.chat.pad_id, dcfg, cmd.seed,
+                                    log=lambda m: log.write(json.dumps(m) + "\n"))
+    policy.save(out)
+    print(f"{dcfg.loss}: loss {metrics['dpo/loss']:.4f}, margin {metrics['dpo/margin']:.3f}, "
+          f"accuracy {metrics['dpo/accuracy']:.2f}; saved to {out}")
+    return 0
+
+
+class PipelineFlags(Strict):
+    dpo: DPOConfig = Field(default_factory=DPOConfig, description="Stage two's options.")
+    dpo_stage: bool = Field(True, description="Run stage two (preference optimisation); --no-dpo-stage goes from SFT "
+                            "straight to RL.")
+
+
+def cmd_pipeline(argv: Sequence[str]) -> int:
+    cfg, flags, auto = parse_train(argv, "agentrl pipeline", "The recipe: SFT -> DPO/SimPO/IPO -> RL on one train config, "
+                                   "each stage in its own folder under --out, with the held-out pass rate after every "
+                                   "stage; --updates 0 skips RL.", extra=PipelineFlags)
+    if auto:
+        raise UsageError("--algo auto is for `agentrl train`; give the pipeline an assigner")
+    if flags.print_config:
+        print(cfg.to_yaml(), end="")
+        return 0
+    if cfg.model is not None:
+        raise UsageError("the pipeline builds its own SFT policy; start from a model with `agentrl dpo` / `agentrl train --model`")
+    _check_env(cfg.env.id, cfg.env.kwargs)
+    import time
+
+    from rich.table import Table
+
+    from agentrl.stages.pipeline import run_pipeline
+
+    out = Path(cfg.out or f"runs/pipeline-{time.strftime('%Y%m%d-%H%M%S')}")
+    result = run_pipeline(cfg.model_copy(update={"out": None}), flags.dpo if flags.dpo_stage else None, out)
+    table = Table(title="held-out pass rate by stage")
+    for col in ("stage", "held-out pass rate", "seconds"):
+        table.add_column(col)
+    for s in result["stages"]:
+        table.add_row(s["stage"], f"{s['held_out_pass_rate']:.3f}", f"{s['seconds']:.0f}")
+    _console().print(table)
+    return 0
+
+
+# -- probe ------------------------------------------------------------------------------------------
+
+
+class ProbeCommand(Strict):
+    env: str | None = Field(None, description="Environment id or module:Class to roll out (default agentrl/Vault-v0); "
+                            "excludes --store.")
+    store: str | None = Field(None, description="Probe a saved store instead of rolling out: a Parquet file, a folder of "
+                              "them, or a run folder (its store/).")
+    env_kw: list[str] = Field([], description="An environment constructor argument KEY=VALUE, e.g. locks=4 (repeatable).")
+    model: str | None = Field(None, description="HF hub id or folder; default: the tiny policy's SFT warm start.")
+    groups: int = Field(8, ge=1, description="Tasks to roll out: enough groups for the group statistics to mean something.")
+    group_size: int | None = Field(None, ge=2, description="Episodes per task; default the train config's (8).")
+    seed: int | None = Field(None, description="Seeds the rollout; default the train config's.")
+    config: str | None = Field(None, description="A train config (YAML) to take the environment, model and budget from.")
+    out: str = Field("runs/probe", description="Report folder: report.json, report.md, report.html.")
+    sweep: str | None = Field(None, description="Derive the thresholds from this horizon sweep's JSON instead of the "
+                              "calibration that ships with agentrl.")
+    threshold: list[str] = Field([], description="Override a threshold, KEY=VALUE, e.g. horizon_cutoff=12 (repeatable).")
+    budget: int | None = Field(None, ge=1, description="Planned training episodes; default for --env: the config's updates "
+                               "x groups x group size.")
+    bakeoff: bool = Field(False, description="Also train each candidate assigner briefly from the same start and plot the "
+                          "learning curves (minutes per assigner).")
+    bakeoff_updates: int = Field(10, ge=1, description="Updates per bake-off run.")
+    bakeoff_algos: list[str] | None = Field(None, description="Assigners to run in the bake-off; default all registered.")
+    bakeoff_eval: int = Field(32, ge=1, description="Held-out episodes per bake-off evaluation.")
+
+
+def cmd_probe(argv: Sequence[str]) -> int:
+    cmd = _parse(ProbeCommand, argv, "agentrl probe", "Horizon report: measure episodes (a short rollout of the current "
+                 "policy, or a saved store) — turns, zero-advantage groups, a cross-validated turn-value probe, value-change "
+                 "concentration, ... (docs/algorithms.md, 'The horizon probe') — apply the recommendation rules, and write "
+                 "report.json, report.md and a self-contained report.html into --out.")
+    if cmd.env and cmd.store:
+        raise UsageError("--env and --store exclude each other: probe a rollout or a saved store")
+    import json
+
+    from agentrl.probe import ProbeThresholds, default_thresholds, probe_env, probe_store, thresholds_from_sweep
+    from agentrl.store import StoreError
 
     try:
-        paths = write_report(args.run_dir, args.out)
-    except (FileNotFoundError, ValueError) as e:
-        console.print(f"[red]error[/red]: {e}")
-        return 2
-    console.print(f"report: {paths['markdown']}\n        {paths['html']}", highlight=False)
-    return 0
-
-
-# -- check-env, algos ------------------------------------------------------------------------------
-
-
-def add_check_env(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("check-env", help="does an environment follow the AgentEnv contract?",
-                       description="Runs agentrl.checker's checks (reset/step types, malformed calls become observations, "
-                       "turn budget truncates, same seed and actions give the same episode, ...). Exit 1 if any fails.")
-    p.add_argument("target", help="registered id (agentrl/Vault-v0) or module:Class")
-    p.add_argument("--kw", action="append", metavar="KEY=VALUE", help="constructor argument (repeatable)")
-    p.set_defaults(func=cmd_check_env)
-
-
-def cmd_check_env(args: argparse.Namespace) -> int:
-    from agentrl.checker import check_env
-
+        if cmd.sweep:
+            sweep_path = Path(cmd.sweep)
+            if not sweep_path.is_file():
+                raise UsageError(f"--sweep: no file at {sweep_path}")
+            th = thresholds_from_sweep(json.loads(sweep_path.read_text()), source=str(sweep_path))
+        else:
+            th = default_thresholds()
+        if cmd.threshold:
+            th = ProbeThresholds(**{**th.model_dump(), **{k: v for d in [_kv(cmd.threshold, "--threshold")] for k, v in d.items()}})
+    except ValidationError as e:
+        raise UsageError(f"--threshold:\n{describe_errors(e)}") from None
+    except (ValueError, json.JSONDecodeError) as e:
+        raise UsageError(str(e)) from None
+    cfg = None
     try:
-        results = check_env(args.target, **_kv(args.kw))
-    except (ValueError, TypeError) as e:
-        console.print(f"[red]error[/red]: {e}")
-        return 2
-    table = Table(title=f"check-env {args.target}")
-    table.add_column("check")
-    table.add_column("result")
-    table.add_column("why")
-    for r in results:
-        table.add_row(r.name, "[green]ok[/green]" if r.ok else "[red]FAIL[/red]", r.message)
-    console.print(table)
-    return 0 if all(r.ok for r in results) else 1
+        if cmd.store:
+            if cmd.bakeoff:
+                raise UsageError("--bakeoff trains on an environment; give --env (a store alone has none)")
+            result = probe_store(cmd.store, th, budget_episodes=cmd.budget)
+        else:
+            data: dict[str, Any] = read_yaml(cmd.config) if cmd.config else {}
+            _deep_update(data, {k: v for k, v in {"model": cmd.model, "seed": cmd.seed}.items() if v is not None})
+            if cmd.env:
+                _deep_update(data, {"env": {"id": cmd.env}})
+            if cmd.env_kw:
+                _deep_update(data, {"env": {"kwargs": _kv(cmd.env_kw, "--env-kw")}})
+            cfg = _validate(TrainConfig, data, "probe")
+            _check_env(cfg.env.id, cfg.env.kwargs)
+            result = probe_env(cfg, groups=cmd.groups, group_size=cmd.group_size, thresholds=th,
+                               store_out=Path(cmd.out) / "probe_store.parquet")
+            if cmd.budget is not None:
+                from agentrl.probe import recommend
 
+                rec, rules = recommend(result.stats, th, cmd.budget)
+                result = result.model_copy(update={"budget_episodes": cmd.budget, "recommendation": rec, "rules": rules})
+    except StoreError as e:
+        raise UsageError(f"store: {e}") from None
+    except (ValueError, FileNotFoundError) as e:
+        raise UsageError(str(e)) from None
+    from rich.table import Table
 
-def add_algos(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("algos", help="list the credit assigners")
-    p.set_defaults(func=cmd_algos)
+    from agentrl.horizon_report import stat_rows, write_report
 
+    runs = None
+    if cmd.bakeoff and cfg is not None:
+        from agentrl.algorithms import ASSIGNERS
+        from agentrl.probe import bakeoff
 
-def cmd_algos(args: argparse.Namespace) -> int:
-    from agentrl.algorithms import ASSIGNERS
-
-    table = Table(title="credit assigners (--algo)")
-    table.add_column("algo")
-    table.add_column("what it does")
-    for name, cls in ASSIGNERS.items():
-        table.add_row(name, cls.description)
-    console.print(table)
-    return 0
-
-
-# -- probe ----------------------------------------------------------------------------------------
-
-
-def add_probe(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "probe",
-        help="horizon report: measure episodes (a short rollout or a saved store) and recommend a credit assigner",
-        description="Measures the statistics of ALGORITHMS.md §5 (turns per episode, zero-advantage groups, a cross-validated "
-        "turn-value probe, value-change concentration, ...) on a short rollout of the current policy (--env; without --model "
-        "the cached SFT warm start) or on a saved store (--store), applies the recommendation rules, and writes report.json, "
-        "report.md and a self-contained report.html into --out. Thresholds default to the project's horizon sweep "
-        "(benchmarks/results/horizon_sweep.json) when it exists.",
-    )
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--env", help="environment id or module:Class to roll out (default agentrl/Vault-v0)")
-    src.add_argument("--store", help="a saved store: a Parquet file, a folder of them, or a run folder (its store/)")
-    p.add_argument("--env-kw", action="append", metavar="KEY=VALUE", help="environment constructor argument, e.g. locks=4 (repeatable)")
-    p.add_argument("--model", help="HF hub id or folder; default: the tiny policy's SFT warm start")
-    p.add_argument("--groups", type=int, default=8, help="tasks to roll out (default 8)")
-    p.add_argument("--group-size", type=int, help="episodes per task (default: the config's, 8)")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--config", help="a train config (YAML) to take the environment, model and budget from")
-    p.add_argument("--out", default="runs/probe", help="report folder (default runs/probe)")
-    p.add_argument("--sweep", help="derive the thresholds from this horizon sweep's sweep.json instead of the committed one")
-    p.add_argument("--threshold", action="append", metavar="KEY=VALUE", default=[], help="override a threshold, e.g. horizon_cutoff=12 (repeatable)")
-    p.add_argument("--budget", type=int, help="planned training episodes (default for --env: the config's updates x groups x group size)")
-    p.add_argument("--bakeoff", action="store_true", help="also train each candidate assigner briefly from the same start and plot the learning curves")
-    p.add_argument("--bakeoff-updates", type=int, default=10, help="updates per bakeoff run (default 10)")
-    p.add_argument("--bakeoff-algos", nargs="+", help="assigners to run (default: all)")
-    p.add_argument("--bakeoff-eval", type=int, default=32, help="held-out episodes per bakeoff evaluation (default 32)")
-    p.set_defaults(func=cmd_probe)
-
-
-def _probe_table(result: Any) -> Table:
-    from agentrl.horizon_report import stat_rows
-
+        runs = bakeoff(cfg, cmd.bakeoff_algos or list(ASSIGNERS), cmd.bakeoff_updates, cmd.out, cmd.bakeoff_eval)
+    paths = write_report(result, cmd.out, runs)
+    console = _console()
     table = Table(title=f"horizon probe: {result.source}")
     table.add_column("statistic")
     table.add_column("value", justify="right")
     for label, value in stat_rows(result):
         table.add_row(label, value)
-    return table
-
-
-def cmd_probe(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
-
-    from agentrl.config import load_config
-    from agentrl.horizon_report import write_report
-    from agentrl.probe import (
-        ProbeThresholds,
-        bakeoff,
-        default_thresholds,
-        probe_env,
-        probe_store,
-        thresholds_from_sweep,
-    )
-    from agentrl.store import StoreError
-
-    try:
-        if args.sweep:
-            sweep_path = Path(args.sweep)
-            if not sweep_path.is_file():
-                raise FileNotFoundError(f"--sweep: no file at {sweep_path}")
-            th = thresholds_from_sweep(json.loads(sweep_path.read_text()), source=str(sweep_path))
-        else:
-            th = default_thresholds()
-        if args.threshold:
-            th = ProbeThresholds(**{**th.model_dump(), **_kv(args.threshold)})
-    except ValidationError as e:
-        console.print(f"[red]error[/red]: --threshold: {_validation_error(e)}")
-        return 2
-    except (ValueError, FileNotFoundError) as e:
-        console.print(f"[red]error[/red]: {e}")
-        return 2
-    cfg = None
-    try:
-        if args.store:
-            if args.bakeoff:
-                raise ValueError("--bakeoff trains on an environment; give --env (a store alone has none)")
-            result = probe_store(args.store, th, budget_episodes=args.budget)
-        else:
-            overrides: list[dict[str, Any]] = [{k: v for k, v in {"model": args.model, "seed": args.seed}.items() if v is not None}]
-            if args.env:
-                overrides.append({"env": {"id": args.env}})
-            if args.env_kw:
-                overrides.append({"env": {"kwargs": _kv(args.env_kw)}})
-            cfg = load_config(args.config, overrides)
-            from agentrl.core import make
-
-            make(cfg.env.id, **cfg.env.kwargs)  # fail on a bad env before building anything
-            result = probe_env(cfg, groups=args.groups, group_size=args.group_size, thresholds=th,
-                               store_out=Path(args.out) / "probe_store.parquet")
-            if args.budget is not None:
-                from agentrl.probe import recommend
-
-                rec, rules = recommend(result.stats, th, args.budget)
-                result = result.model_copy(update={"budget_episodes": args.budget, "recommendation": rec, "rules": rules})
-    except StoreError as e:
-        console.print(f"[red]error[/red]: store: {e}")
-        return 2
-    except ValidationError as e:
-        console.print(f"[red]error[/red]: {_validation_error(e)}")
-        return 2
-    except (ValueError, TypeError, FileNotFoundError) as e:
-        console.print(f"[red]error[/red]: {e}")
-        return 2
-    runs = None
-    if args.bakeoff and cfg is not None:
-        from agentrl.algorithms import ASSIGNERS
-
-        runs = bakeoff(cfg, args.bakeoff_algos or list(ASSIGNERS), args.bakeoff_updates, args.out, args.bakeoff_eval, say=console.print)
-    paths = write_report(result, args.out, runs)
-    console.print(_probe_table(result))
+    console.print(table)
     rec = result.recommendation
     console.print(f"[bold green]recommended assigner: {rec.algo}[/bold green] ({rec.reason})")
     if rec.advice:
@@ -415,25 +471,131 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="agentrl", description="Multi-turn agentic RL for language-model agents.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    add_train(sub)
-    add_sft(sub)
-    add_check_env(sub)
-    add_algos(sub)
-    add_report(sub)
-    add_probe(sub)
-    add_verify_probe(sub)
-    add_dpo(sub)
-    add_pipeline(sub)
-    return parser
+# -- check-env, verify-probe, report, algos -----------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+class CheckEnvCommand(Strict):
+    target: Annotated[str, tyro.conf.Positional] = Field(description="Registered id (agentrl/Vault-v0), module:Class or "
+                                                         "path/to/file.py:Class.")
+    kw: list[str] = Field([], description="A constructor argument KEY=VALUE (repeatable).")
+
+
+def cmd_check_env(argv: Sequence[str]) -> int:
+    cmd = _parse(CheckEnvCommand, argv, "agentrl check-env", "Runs agentrl.checker's checks (reset/step types, malformed "
+                 "calls become observations, the turn budget truncates, the same seed and actions give the same episode, "
+                 "...). Exit status 1 if any fails.")
+    from rich.table import Table
+
+    from agentrl.checker import check_env
+
+    try:
+        results = check_env(cmd.target, **_kv(cmd.kw, "--kw"))
+    except (ValueError, TypeError, ImportError, AttributeError) as e:
+        raise UsageError(str(e)) from None
+    table = Table(title=f"check-env {cmd.target}")
+    for col in ("check", "result", "why"):
+        table.add_column(col)
+    for r in results:
+        table.add_row(r.name, "[green]ok[/green]" if r.ok else "[red]FAIL[/red]", r.message)
+    _console().print(table)
+    return 0 if all(r.ok for r in results) else 1
+
+
+class VerifyProbeCommand(Strict):
+    env: str = Field(description="Environment id (agentrl/Code-v0) or module:Class whose verifier is attacked.")
+    seeds: int = Field(3, ge=1, description="Episodes (seeds 0..N-1) to attack; each seed is a different task.")
+
+
+def cmd_verify_probe(argv: Sequence[str]) -> int:
+    cmd = _parse(VerifyProbeCommand, argv, "agentrl verify-probe", "Runs adversarial answers (empty, format tricks, "
+                 "leaked references, ...) against an environment's verifier and reports what it wrongly accepts. Exit "
+                 "status 1 if any is accepted.")
+    from agentrl.core import EnvError
+    from agentrl.verify.probe import print_result, run_verifier_probe
+
+    try:
+        result = run_verifier_probe(cmd.env, seeds=tuple(range(cmd.seeds)))
+    except (EnvError, TypeError, ValueError, ImportError) as e:
+        raise UsageError(f"verify-probe: {e}") from None
+    print_result(result)
+    return 0 if result.ok else 1
+
+
+class ReportCommand(Strict):
+    run_dir: Annotated[str, tyro.conf.Positional] = Field(description="A run folder holding metrics.jsonl.")
+    out: str | None = Field(None, description="Folder for the report; default the run folder.")
+
+
+def cmd_report(argv: Sequence[str]) -> int:
+    cmd = _parse(ReportCommand, argv, "agentrl report", "Reads RUN_DIR/metrics.jsonl (a half-written last line is "
+                 "skipped), replays the health alarms where the run did not log them, and writes report.md, report.html "
+                 "(plots embedded) and the plots as PNG files.")
+    from agentrl.report import write_report
+
+    try:
+        paths = write_report(cmd.run_dir, cmd.out)
+    except (FileNotFoundError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    print(f"report: {paths['markdown']}\n        {paths['html']}")
+    return 0
+
+
+class AlgosCommand(Strict):
+    pass
+
+
+def cmd_algos(argv: Sequence[str]) -> int:
+    _parse(AlgosCommand, argv, "agentrl algos", "Lists the registered credit assigners and what they declare.")
+    from rich.table import Table
+
+    from agentrl.algorithms import ASSIGNERS
+
+    table = Table(title="credit assigners (--algo)")
+    for col in ("algo", "turn-level", "reads hidden states", "resampling", "what it does"):
+        table.add_column(col)
+    yes = {True: "yes", False: "-"}
+    for name, spec in ASSIGNERS.items():
+        table.add_row(name, yes[spec.turn_level], yes[spec.reads_hidden()] if not callable(spec.needs_hidden) else "by option",
+                      yes[spec.resampling], spec.description)
+    _console().print(table)
+    return 0
+
+
+COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
+    "train": (cmd_train, "RL on an environment (defaults: tiny policy, SFT warm start, Vault, CPU, minutes)"),
+    "sft": (cmd_sft, "stage one: fine-tune on demonstrations"),
+    "dpo": (cmd_dpo, "stage two: DPO / SimPO / IPO on multi-turn episodes"),
+    "pipeline": (cmd_pipeline, "SFT -> DPO -> RL with the held-out pass rate after every stage"),
+    "probe": (cmd_probe, "horizon report: measure episodes and recommend a credit assigner"),
+    "check-env": (cmd_check_env, "does an environment follow the AgentEnv contract?"),
+    "verify-probe": (cmd_verify_probe, "what does an environment's verifier wrongly accept?"),
+    "report": (cmd_report, "markdown + HTML report of a run"),
+    "algos": (cmd_algos, "list the credit assigners"),
+}
+
+
+def _overview() -> str:
+    width = max(map(len, COMMANDS))
+    rows = "\n".join(f"  {name:<{width}}  {what}" for name, (_, what) in COMMANDS.items())
+    return ("usage: agentrl COMMAND [--help] [FLAGS]\n\nMulti-turn agentic RL for language-model agents.\n\n"
+            f"commands:\n{rows}\n\n`agentrl COMMAND --help` lists a command's flags, each with why its default is what it is.")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_overview(), file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        near = difflib.get_close_matches(name, COMMANDS, n=1)
+        _err(f"unknown command {name!r}" + (f"; did you mean {near[0]!r}?" if near else "") + f" (commands: {', '.join(COMMANDS)})")
+        return 2
+    try:
+        return int(COMMANDS[name][0](rest) or 0)
+    except UsageError as e:
+        _err(str(e))
+        return 2
 
 
 if __name__ == "__main__":

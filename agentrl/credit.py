@@ -15,11 +15,11 @@ truncations) and diagnostics for the `credit/` metrics. The trainer looks assign
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 import torch
-from pydantic import BaseModel
 
+from agentrl.algorithms.configs import CriticConfig
 from agentrl.store import TurnBatch
 
 
@@ -33,9 +33,7 @@ class Credit:
 
 
 class CreditAssigner(Protocol):
-    name: ClassVar[str]
-    description: ClassVar[str]
-    Config: ClassVar[type[BaseModel]]
+    """What the trainer calls; the registry entry (`agentrl.algorithms.AssignerSpec`) holds its name and options."""
 
     def fit(self, batch: TurnBatch) -> dict[str, float]: ...
 
@@ -177,18 +175,6 @@ def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:
     if target.numel() < 2 or var < 1e-12:
         return 0.0
     return float(1 - (target - pred).var(unbiased=False) / var)
-
-
-class CriticConfig(BaseModel):
-    """A small turn-level head on the policy's detached hidden state."""
-
-    model_config = {"extra": "forbid"}
-
-    width: int = 64
-    lr: float = 2e-3  # about 10x the policy's (ALGORITHMS.md §3): the head must track a moving policy
-    epochs: int = 4  # passes over a batch's turns per fit
-    minibatch: int = 256
-    value_clip: float | None = 0.2  # PPO's clipped value loss around the pre-fit values
 
 
 class TurnHead(torch.nn.Module):

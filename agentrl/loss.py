@@ -15,27 +15,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
-Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-
-
-class LossConfig(BaseModel):
-    """The policy loss shared by every assigner."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    eps_low: float = Field(0.2, ge=0.0, lt=1.0, description="Lower clip range of the ratio (PPO's 0.2).")
-    eps_high: float = Field(0.2, ge=0.0, description="Upper clip range; DAPO's clip-higher raises it to 0.28 so that unlikely good tokens can grow, which resists entropy collapse.")
-    dual_clip: float | None = Field(None, gt=1.0, description="For A < 0, cap the loss at c * |A| (dual-clip PPO, c = 3), so a stale very-likely token cannot blow the update up.")
-    kl_coef: float = Field(0.0, ge=0.0, description="beta on the k3 KL to the reference. 0 as in DAPO and Dr. GRPO: the verifier, not the reference, anchors the policy; KL is still measured.")
-    entropy_coef: float = Field(0.0, ge=0.0, description="c_H: entropy bonus. Off by default; the health monitor's entropy alarm says when to raise it.")
-    agg: Aggregation = Field("token-mean", description="token-mean (DAPO: long episodes are not down-weighted), seq-mean-token-mean (original GRPO), seq-mean-token-sum-norm (Dr. GRPO, with max_len).")
-    max_len: int = Field(512, ge=1, description="L_max of seq-mean-token-sum-norm: the constant that replaces each episode's own length.")
-    ratio: Literal["token", "sequence", "turn"] = Field("token", description="Importance ratio per token (PPO), per episode or per turn (GSPO: exp of the mean log-ratio).")
+from agentrl.config import Aggregation, LossConfig  # noqa: F401 (re-exported)
 
 
 def aggregate(x: torch.Tensor, mask: torch.Tensor, mode: Aggregation, max_len: int = 512) -> torch.Tensor:

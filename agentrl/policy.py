@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
+
+from agentrl.config import TinyModelConfig  # noqa: F401 (re-exported)
 
 hf_logging.disable_progress_bar()  # per-shard bars for a 2 MB model are noise in a run's console
 
@@ -47,19 +48,6 @@ TINY_CHAT_TEMPLATE = (
 )
 
 
-class TinyModelConfig(BaseModel):
-    """The built-in policy's size: ~0.25M parameters, big enough to learn Vault's sums by SFT in a
-    couple of minutes on 2 CPU cores, small enough that a rollout batch of 64 is fast."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    hidden_size: int = Field(96, ge=8)
-    intermediate_size: int = Field(256, ge=8)
-    num_hidden_layers: int = Field(2, ge=1)
-    num_attention_heads: int = Field(4, ge=1)
-    num_key_value_heads: int = Field(2, ge=1)
-    max_position_embeddings: int = Field(1024, ge=64, description="Context length; also the rollout's max_context.")
-    vocab_size: int = Field(1024, ge=300, description="BPE target size; the trainer stops early when the corpus has no more merges.")
 
 
 def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024) -> PreTrainedTokenizerFast:
@@ -214,7 +202,7 @@ def add_lora(model: torch.nn.Module, settings: Any) -> torch.nn.Module:
     from peft import LoraConfig, get_peft_model
 
     cfg = LoraConfig(r=settings.r, lora_alpha=settings.alpha or 2 * settings.r, lora_dropout=settings.dropout,
-                     target_modules=settings.target_modules, task_type="CAUSAL_LM")
+                     target_modules=settings.peft_targets, task_type="CAUSAL_LM")
     return get_peft_model(model, cfg)
 
 

@@ -27,18 +27,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentrl.algorithms import get_assigner, reads_hidden
+from agentrl.algorithms import get_spec
 from agentrl.config import TrainConfig
 from agentrl.core import Episode, make
 from agentrl.credit import Credit
-from agentrl.engines.base import SamplingConfig
-from agentrl.engines.torch_engine import TorchEngine
+from agentrl.config import SamplingConfig
+from agentrl.engines import get_engine_spec
 from agentrl.health import Action, Knobs, check, plan
 from agentrl.loss import policy_loss
 from agentrl.monitor import Monitor
 from agentrl.policy import Policy, add_lora, token_stats
 from agentrl.rollout import rollout
-from agentrl.stages.sft import warm_start
 from agentrl.store import TrajectoryStore, TurnBatch, make_batch
 
 
@@ -64,23 +63,9 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-_VLLM: dict[str, Any] = {}  # one vllm.LLM per model source in this process: evaluations share the training one
-
-
 def make_engine(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig, seed: int, capture_hidden: bool = False) -> Any:
-    chat = policy.chat
-    if cfg.engine == "vllm":
-        from agentrl.engines.vllm_engine import VLLMEngine
-
-        model = policy.model.get_base_model() if hasattr(policy.model, "peft_config") else policy.model
-        source = str(model.config._name_or_path)  # the folder or hub id the policy was loaded from
-        if source not in _VLLM:
-            engine = VLLMEngine.from_policy(source, sampling, chat.stop_ids, chat.eos_id, chat.pad_id, seed=seed,
-                                            capture_hidden=capture_hidden)
-            _VLLM[source] = engine.llm
-            return engine
-        return VLLMEngine(_VLLM[source], sampling, chat.stop_ids, chat.eos_id, chat.pad_id, seed=seed, capture_hidden=capture_hidden)
-    return TorchEngine(policy.model, sampling, chat.stop_ids, chat.eos_id, chat.pad_id, seed=seed, capture_hidden=capture_hidden)
+    """The configured engine (a lookup in agentrl.engines.ENGINES), generating from `policy`."""
+    return get_engine_spec(cfg.engine).load()(policy, sampling, seed=seed, capture_hidden=capture_hidden)
 
 
 def heldout_env_kwargs(cfg: TrainConfig) -> dict[str, Any]:
@@ -98,8 +83,15 @@ def _has_split(env_id: str, kwargs_json: str) -> bool:
     return hasattr(make(env_id, **json.loads(kwargs_json)), "split")
 
 
-def evaluate(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig, max_context: int) -> EvalResult:
-    """Pass rate on the held-out seeds (the same seeds every time, so evaluations compare)."""
+def eval_sampling(cfg: TrainConfig) -> SamplingConfig:
+    """Held-out sampling: the run's, at the fixed `eval.temperature`."""
+    return cfg.rollout.sampling.model_copy(update={"temperature": cfg.eval.temperature})
+
+
+def evaluate(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig | None, max_context: int) -> EvalResult:
+    """Pass rate on the held-out seeds (the same seeds every time, so evaluations compare), sampled
+    with `sampling` (None: `eval_sampling(cfg)`)."""
+    sampling = sampling or eval_sampling(cfg)
     n = cfg.eval.episodes
     kwargs = heldout_env_kwargs(cfg)
     envs = [make(cfg.env.id, **kwargs) for _ in range(n)]
@@ -140,7 +132,9 @@ def rollout_metrics(episodes: list[Episode], seconds: float) -> dict[str, float]
 class Trainer:
     """One RL run. `Trainer(cfg).train()` is what `agentrl train` calls."""
 
-    def __init__(self, cfg: TrainConfig, monitor: Monitor | None = None):
+    def __init__(self, cfg: TrainConfig, monitor: Monitor | None = None, start: str | Path | None = None):
+        """`start` is the policy to begin from when `cfg.model` is None: the tiny policy's warm start,
+        built by stage one (`agentrl.stages.sft.warm_start`) before the loop, as `train()` does."""
         from accelerate import Accelerator
 
         cfg = cfg.model_copy(deep=True)  # interventions turn knobs on this copy, never on the caller's config
@@ -159,13 +153,12 @@ class Trainer:
         bf16 = cfg.optim.bf16 and device.type == "cuda" and torch.cuda.is_bf16_supported()
         self.accelerator = Accelerator(cpu=device.type == "cpu", mixed_precision="bf16" if bf16 else "no")
 
-        if cfg.model is None:
-            folder = warm_start(cfg.env.id, cfg.env.kwargs, cfg.tiny, cfg.sft, cfg.seed, log=self.monitor.sft_progress, say=self.monitor.say)
-            self.policy = Policy.load(folder, device=device)
-            self.warm_start_dir: Path | None = folder
-        else:
-            self.policy = Policy.load(cfg.model, device=device)
-            self.warm_start_dir = None
+        source = cfg.model if cfg.model is not None else start
+        if source is None:
+            raise ValueError("no policy to train: set model (a folder or hub id), or pass start= the warm start that "
+                             "agentrl.stages.sft.warm_start builds (agentrl.trainer.train(cfg) does both)")
+        self.policy = Policy.load(source, device=device)
+        self.warm_start_dir = Path(start) if cfg.model is None else None
         self.max_context = cfg.rollout.max_context or getattr(self.policy.model.config, "max_position_embeddings", 2048)
 
         lora = cfg.optim.lora
@@ -176,16 +169,19 @@ class Trainer:
         else:  # the reference for KL: a frozen copy
             self.reference = copy.deepcopy(self.policy.model).eval().requires_grad_(False)
         self.trainable = [p for p in self.policy.model.parameters() if p.requires_grad]
-        self.assigner = get_assigner(cfg.algo)(cfg.credit_config, policy=self.policy, train_config=cfg)
+        self.spec = get_spec(cfg.algo)
+        self.assigner = self.spec.load()(cfg.credit, policy=self.policy, train_config=cfg)
         opt = torch.optim.AdamW(self.trainable, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
         self.model, self.optimizer = self.accelerator.prepare(self.policy.model, opt)
         self.envs = [make(cfg.env.id, **cfg.env.kwargs) for _ in range(cfg.rollout.groups * cfg.rollout.group_size)]
-        needs_hidden = reads_hidden(cfg.algo, cfg.credit_config)
-        self.engine = make_engine(cfg, self.policy, cfg.rollout.sampling, seed=cfg.seed, capture_hidden=needs_hidden)
+        self.engine = make_engine(cfg, self.policy, cfg.rollout.sampling, seed=cfg.seed, capture_hidden=self.spec.reads_hidden(cfg.credit))
+        self.syncs_weights = get_engine_spec(cfg.engine).syncs_weights
         self.task_rng = np.random.default_rng(cfg.seed)
         self.next_group = 0
-        # held-out evaluation samples as configured, whatever temperature an intervention chose
-        self.eval_sampling = cfg.rollout.sampling.model_copy()
+        # held-out evaluation samples at its own fixed temperature, whatever the run samples at or an
+        # intervention chose, so that evaluations of different runs compare
+        self.eval_sampling = eval_sampling(cfg)
+        self.base_temperature = cfg.rollout.sampling.temperature  # what a temperature intervention returns to
         self.history: list[dict[str, Any]] = []  # every logged row: what the alarms read
         self.last_acted: dict[str, float] = {}  # intervention -> step it last acted (cooldowns)
 
@@ -194,8 +190,8 @@ class Trainer:
     def knobs(self) -> Knobs:
         cfg = self.cfg
         return Knobs(entropy_coef=cfg.loss.entropy_coef, kl_coef=cfg.loss.kl_coef, temperature=cfg.rollout.sampling.temperature,
-                     base_temperature=self.eval_sampling.temperature,
-                     dynamic_sampling=getattr(cfg.credit_config, "dynamic_sampling", None),
+                     base_temperature=self.base_temperature,
+                     dynamic_sampling=cfg.credit.dynamic_sampling if self.spec.resampling else None,
                      verifier_tests=getattr(self.envs[0], "hidden_per_episode", None))
 
     def apply(self, action: Action) -> None:
@@ -208,9 +204,8 @@ class Trainer:
         elif action.knob == "temperature":
             cfg.rollout.sampling.temperature = float(action.new)  # the engine samples with this same object
         elif action.knob == "dynamic_sampling":
-            cfg.credit = {**cfg.credit, "dynamic_sampling": action.new}
-            if hasattr(getattr(self.assigner, "cfg", None), "dynamic_sampling"):
-                self.assigner.cfg = self.assigner.cfg.model_copy(update={"dynamic_sampling": action.new})
+            cfg.credit = cfg.credit.model_copy(update={"dynamic_sampling": action.new})
+            self.assigner.cfg = cfg.credit  # the assigner reads its options from here on
         elif action.knob == "verifier_tests":
             for env in self.envs:  # verifier rotation: each episode draws this many hidden tests from the pool
                 env.hidden_per_episode = int(action.new)
@@ -235,9 +230,8 @@ class Trainer:
         kept: list[Episode] = []
         t0 = time.perf_counter()
         all_eps: list[Episode] = []
-        credit_cfg = cfg.credit_config
-        resample = getattr(credit_cfg, "dynamic_sampling", "off") == "resample"
-        extra = getattr(credit_cfg, "max_resample_batches", 0) if resample else 0
+        resample = self.spec.resampling and cfg.credit.dynamic_sampling == "resample"
+        extra = cfg.credit.max_resample_batches if resample else 0
         for attempt in range(1 + extra):
             task_seeds = self.task_rng.integers(0, cfg.eval.seed_offset, size=cfg.rollout.groups).tolist()
             seeds = [s for s in task_seeds for _ in range(G)]
@@ -378,7 +372,7 @@ class Trainer:
                 metrics["credit/all_fail_frac"] = metrics.get("credit/all_fail_groups", 0.0) / metrics["credit/groups"]
             metrics.update(self.knob_metrics())  # the knobs this update ran with
             metrics.update(self.optimize(batch, credit))
-            if hasattr(self.engine, "sync_weights"):  # vLLM generates from its own copy of the weights
+            if self.syncs_weights:  # e.g. vLLM generates from its own copy of the weights
                 self.engine.sync_weights(self.policy.model)
             metrics["time/rollout_s"] = t_roll
             metrics["time/update_s"] = time.perf_counter() - t0
@@ -438,8 +432,15 @@ def _groups(episodes: list[Episode]) -> list[list[Episode]]:
     return list(out.values())
 
 
-def train(cfg: TrainConfig) -> dict[str, Any]:
-    return Trainer(cfg).train()
+def train(cfg: TrainConfig, monitor: Monitor | None = None) -> dict[str, Any]:
+    """Stage one where it is needed (the tiny policy's SFT warm start, cached), then the RL loop."""
+    start = None
+    if cfg.model is None:
+        from agentrl.stages.sft import warm_start
+
+        say = monitor.say if monitor is not None else None
+        start = warm_start(cfg.env.id, cfg.env.kwargs, cfg.tiny, cfg.sft, cfg.seed, **({"say": say} if say else {}))
+    return Trainer(cfg, monitor=monitor, start=start).train()
 
 
 __all__ = ["EpisodeErrors", "EvalResult", "Trainer", "evaluate", "train"]

@@ -16,42 +16,27 @@ ArCHer (2402.19446: a turn-level critic over token-level policy updates) and SPA
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
-from pydantic import BaseModel, Field
 
-from agentrl.algorithms.grpo import GRPO, GRPOConfig
+from agentrl.algorithms.configs import ARPOConfig
+from agentrl.algorithms.grpo import GRPO
 from agentrl.credit import (
     Credit,
-    CriticConfig,
     TurnCritic,
     discounted_returns,
     explained_variance,
     tokens_from_turns,
     turn_features,
     turn_rewards,
+    value_change_concentration,
+    value_changes,
 )
 from agentrl.store import TurnBatch
 
 
-class ARPOConfig(GRPOConfig):
-    lam_max: float = Field(0.5, ge=0.0, le=1.0, description="How far turn weights may move from uniform once the critic is trusted; 0.5 keeps half the outcome signal uniform, a hedge against a critic that is right on average but noisy per turn.")
-    ev_gate: float = Field(0.2, description="Held-out explained variance the critic must reach before it may reweight (an untrained critic's weights are noise; DESIGN.md measured collapses without a gate).")
-    ramp_updates: int = Field(5, ge=1, description="Updates over which lam ramps from 0 to lam_max once the gate is passed.")
-    signed: bool = Field(False, description="Ablation: add omega * standardised(d_k) to A_i instead of reweighting.")
-    omega: float = Field(1.0, description="Scale of the signed ablation's turn term.")
-    use_step_rewards: bool = Field(False, description="Fold the env's info['step_reward'] into r_k; off: credit from the verifier's outcome alone.")
-    critic: CriticConfig = Field(default_factory=CriticConfig)
-
-
 class ARPO(GRPO):
-    name: ClassVar[str] = "arpo"
-    description: ClassVar[str] = "turn-critic reweighting: a value head spreads the group advantage over turns by |value change| (gated on critic EV)"
-    Config: ClassVar[type[BaseModel]] = ARPOConfig
-    needs_hidden: ClassVar[bool] = True
-    turn_level: ClassVar[bool] = True
-
     def __init__(self, config: ARPOConfig | None = None, policy: Any = None, critic: Any = None, hidden_size: int | None = None, **_: object):
         self.cfg = config or ARPOConfig()
         self.model = policy.model if policy is not None else None
@@ -74,8 +59,7 @@ class ARPO(GRPO):
         self._ev = explained_variance(V[mask], G[mask])
         if self._ev >= self.cfg.ev_gate:
             self.gate_passes += 1
-        V_next = torch.cat([V[:, 1:], torch.zeros(batch.size, 1)], dim=1) * torch.cat([mask[:, 1:], torch.zeros(batch.size, 1, dtype=torch.bool)], 1)
-        self._d = (r + V_next - V) * mask  # (B, K)
+        self._d = value_changes(r, V, mask)  # (B, K) d_k = r_k + V(s_{k+1}) - V(s_k)
         metrics = self.critic.fit(feats, mask, G)
         return {**metrics, "critic_ev": self._ev}
 
@@ -97,6 +81,6 @@ class ARPO(GRPO):
             w_mix = (1 - self.lam) / K + self.lam * w
             turn_adv = K * w_mix * A[:, None] * mask  # (B, K)
         metrics.update({"arpo_lambda": self.lam, "critic_ev": self._ev,
-                        "value_change_concentration": float((d.abs().max(1).values / (d.abs().sum(1) + 1e-8)).mean())})
+                        "value_change_concentration": float(value_change_concentration(d, batch.turn_mask).mean())})
         self._d = None
         return Credit(tokens_from_turns(turn_adv, batch), weight, metrics)

@@ -10,28 +10,17 @@ Follows GiGPO (arXiv 2505.10978). Needs environments that report `state_key`.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
-from pydantic import BaseModel, Field
 
-from agentrl.algorithms.grpo import GRPO, GRPOConfig
+from agentrl.algorithms.configs import GiGPOConfig
+from agentrl.algorithms.grpo import GRPO
 from agentrl.credit import Credit, discounted_returns, tokens_from_turns, turn_rewards
 from agentrl.store import TurnBatch
 
 
-class GiGPOConfig(GRPOConfig):
-    gamma: float = Field(0.95, ge=0.0, le=1.0, description="Discount of the step return: shorter paths from the same state score higher (GiGPO's 0.95).")
-    omega: float = Field(1.0, description="Weight of the step advantage against the episode advantage (GiGPO's 1).")
-    use_step_rewards: bool = Field(False, description="Include the env's info['step_reward'] in the step return.")
-
-
 class GiGPO(GRPO):
-    name: ClassVar[str] = "gigpo"
-    description: ClassVar[str] = "critic-free step credit: turns from the same state inside a group are compared by discounted return (needs state_key)"
-    Config: ClassVar[type[BaseModel]] = GiGPOConfig
-    turn_level: ClassVar[bool] = True
-
     def __init__(self, config: GiGPOConfig | None = None, **_: Any):
         self.cfg = config or GiGPOConfig()
 

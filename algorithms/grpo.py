@@ -9,31 +9,11 @@ carries it. Related: GRPO (DeepSeekMath, arXiv 2402.03300), RLOO (2402.14740), D
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
-
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
+from agentrl.algorithms.configs import GRPOConfig
 from agentrl.credit import Credit, group_advantages, tokens_from_episodes
 from agentrl.store import TurnBatch
-
-
-class GRPOConfig(BaseModel):
-    """Options of the group-relative advantage."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    std_norm: bool = Field(True, description="Divide by the group's std (GRPO). Dr. GRPO turns it off: it up-weights near-solved and near-failed groups.")
-    baseline: Literal["mean", "rloo"] = Field("mean", description="'rloo' uses the leave-one-out mean, an unbiased baseline (Ahmadian et al. 2024).")
-    dynamic_sampling: Literal["off", "skip", "resample"] = Field(
-        "off", description="Groups whose rewards are all equal carry no signal: keep them at A=0 ('off'), drop them ('skip'), or drop them and roll out extra groups ('resample', DAPO)."
-    )
-    max_resample_batches: int = Field(2, ge=0, description="With 'resample': at most this many extra rollout batches per update, so an all-fail task cannot loop forever.")
-    overlong: Literal["off", "mask", "soft"] = Field(
-        "off", description="Truncated episodes: 'mask' leaves them out of the loss; 'soft' adds DAPO's length penalty (0 below max - cache, to -1 at max action tokens)."
-    )
-    overlong_max: int = Field(512, ge=1, description="L_max of the soft overlong penalty, in action tokens per episode.")
-    overlong_cache: int = Field(128, ge=0, description="L_cache: the penalty ramps over the last this-many tokens before L_max.")
 
 
 def overlong_penalty(lengths: torch.Tensor, l_max: int, l_cache: int) -> torch.Tensor:
@@ -43,11 +23,6 @@ def overlong_penalty(lengths: torch.Tensor, l_max: int, l_cache: int) -> torch.T
 
 
 class GRPO:
-    name: ClassVar[str] = "grpo"
-    description: ClassVar[str] = "group-relative outcome advantage on every token (GRPO/RLOO/Dr. GRPO/DAPO options); no critic"
-    Config: ClassVar[type[BaseModel]] = GRPOConfig
-    turn_level: ClassVar[bool] = False  # one advantage per episode, on every token
-
     def __init__(self, config: GRPOConfig | None = None, **_: object):
         self.cfg = config or GRPOConfig()
 

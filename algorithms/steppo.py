@@ -20,21 +20,14 @@ MT-GRPO (2505.11821).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, Field
 
-from agentrl.algorithms.grpo import GRPO, GRPOConfig
-from agentrl.credit import Credit, CriticConfig, TurnHead, tokens_from_turns, turn_features
+from agentrl.algorithms.configs import StepPOConfig
+from agentrl.algorithms.grpo import GRPO
+from agentrl.credit import Credit, TurnHead, tokens_from_turns, turn_features
 from agentrl.store import TurnBatch
-
-
-class StepPOConfig(GRPOConfig):
-    prm: Literal["env", "learned", "implicit"] = Field("env", description="Which process reward model scores the turns (see the module docstring).")
-    lam_p: float = Field(1.0, ge=0.0, description="Weight of the step term against the outcome advantage (ALGORITHMS.md: 1).")
-    implicit_beta: float = Field(0.05, gt=0.0, description="beta of the implicit PRM (PRIME's 0.05).")
-    head: CriticConfig = Field(default_factory=lambda: CriticConfig(value_clip=None), description="The learned PRM's head.")
 
 
 def pearson(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -44,11 +37,6 @@ def pearson(x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 class StepPO(GRPO):
-    name: ClassVar[str] = "steppo"
-    description: ClassVar[str] = "process rewards: outcome advantage + reward-to-go of group-normalised PRM step scores (env / learned / implicit PRM)"
-    Config: ClassVar[type[BaseModel]] = StepPOConfig
-    turn_level: ClassVar[bool] = True
-
     def __init__(self, config: StepPOConfig | None = None, policy: Any = None, hidden_size: int | None = None, **_: object):
         self.cfg = config or StepPOConfig()
         self.model = policy.model if policy is not None else None
@@ -56,10 +44,6 @@ class StepPO(GRPO):
         if self.cfg.prm == "learned":
             size = hidden_size or (policy.model.config.hidden_size if policy is not None else None)
             self.head = TurnHead(size, self.cfg.head)
-
-    @property
-    def needs_hidden(self) -> bool:  # type: ignore[override]
-        return self.cfg.prm == "learned"
 
     def score(self, batch: TurnBatch) -> torch.Tensor:
         """(B, K) step scores, 0 on empty turn slots."""

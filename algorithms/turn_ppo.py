@@ -15,14 +15,13 @@ turn-level half of those (one value per turn, shared by the turn's tokens).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
+from agentrl.algorithms.configs import TurnPPOConfig
 from agentrl.credit import (
     Credit,
-    CriticConfig,
     TurnCritic,
     explained_variance,
     final_features,
@@ -35,25 +34,7 @@ from agentrl.credit import (
 from agentrl.store import TurnBatch
 
 
-class TurnPPOConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    gamma: float = Field(0.99, ge=0.0, le=1.0, description="Discount over turns; near 1 since the reward is terminal.")
-    lam: float = Field(0.9, ge=0.0, le=1.0, description="GAE's bias-variance knob over turns (0.9: mostly Monte Carlo, some bootstrapping).")
-    use_step_rewards: bool = Field(False, description="r_k = the env's info['step_reward']; off: outcome-only.")
-    whiten: bool = Field(True, description="Standardise A over the batch's turns (not tokens: long turns must not dominate).")
-    warmup_updates: int = Field(5, ge=0, description="At most this many critic-only updates before the policy moves.")
-    warmup_ev: float = Field(0.2, description="Warm-up ends early once the critic's held-out explained variance reaches this.")
-    critic: CriticConfig = Field(default_factory=CriticConfig)
-
-
 class TurnPPO:
-    name: ClassVar[str] = "turn-ppo"
-    description: ClassVar[str] = "turn-level critic + GAE over turns, each turn's tokens share A_k (critic warm-up first)"
-    Config: ClassVar[type[BaseModel]] = TurnPPOConfig
-    needs_hidden: ClassVar[bool] = True
-    turn_level: ClassVar[bool] = True
-
     def __init__(self, config: TurnPPOConfig | None = None, policy: Any = None, critic: Any = None, hidden_size: int | None = None, **_: object):
         self.cfg = config or TurnPPOConfig()
         self.model = policy.model if policy is not None else None

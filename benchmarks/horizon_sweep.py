@@ -125,7 +125,7 @@ def main() -> None:
         t0 = time.perf_counter()
         folder = warm_start(base.env.id, env_kw, tiny, base.sft, seed=0)
         policy = Policy.load(folder)
-        warm = evaluate(base, policy, base.rollout.sampling, tiny.max_position_embeddings)
+        warm = evaluate(base, policy, None, tiny.max_position_embeddings)
         h = {"locks": locks, "slack": slack, "max_turns": 2 * locks + slack, "noise": noise, "expert_pass_rate": expert,
              "demos": demos, "sft_batch": batch, "warm_start_pass_rate": warm.pass_rate, "warm_start_s": time.perf_counter() - t0, "runs": {}}
         print(f"[locks {locks}] slack {slack}, noise {noise} (expert {expert:.2f}), warm start {warm.pass_rate:.3f}", flush=True)

@@ -282,3 +282,20 @@ class VLLMSession(_Histories):
         gens = [to_generation(o.outputs[0], eng.stop_ids, eng.eos_id) for o in outputs]
         self.record([g.ids for g in gens])
         return gens
+
+
+_LLMS: dict[str, Any] = {}  # one vllm.LLM per model source in this process: evaluations share the training one
+
+
+def for_policy(policy: Any, sampling: SamplingConfig, seed: int, capture_hidden: bool = False) -> VLLMEngine:
+    """The registry's builder (agentrl.engines.ENGINES["vllm"]): vLLM on the folder or hub id the policy
+    was loaded from; a second engine on the same source reuses the first one's LLM."""
+    chat = policy.chat
+    model = policy.model.get_base_model() if hasattr(policy.model, "peft_config") else policy.model
+    source = str(model.config._name_or_path)
+    if source not in _LLMS:
+        engine = VLLMEngine.from_policy(source, sampling, chat.stop_ids, chat.eos_id, chat.pad_id, seed=seed,
+                                        capture_hidden=capture_hidden)
+        _LLMS[source] = engine.llm
+        return engine
+    return VLLMEngine(_LLMS[source], sampling, chat.stop_ids, chat.eos_id, chat.pad_id, seed=seed, capture_hidden=capture_hidden)

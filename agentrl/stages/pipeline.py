@@ -55,7 +55,7 @@ def run_pipeline(cfg: TrainConfig, dpo: DPOConfig | None, out: str | Path, say=p
     max_ctx = cfg.tiny.max_position_embeddings
 
     def record(stage: str, policy: Policy, seconds: float, extra: dict[str, Any] | None = None) -> Any:
-        res = evaluate(cfg, policy, cfg.rollout.sampling, max_ctx)
+        res = evaluate(cfg, policy, None, max_ctx)
         stages.append({"stage": stage, "held_out_pass_rate": res.pass_rate, "seconds": round(seconds, 1), **(extra or {})})
         say(f"[{stage}] held-out pass rate {res.pass_rate:.3f} ({seconds:.0f}s)")
         (out / "pipeline.json").write_text(json.dumps({"stages": stages}, indent=2))

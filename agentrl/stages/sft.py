@@ -168,7 +168,8 @@ def warm_start(
     build_tiny_policy(corpus, tmp, tiny, seed=seed)
     policy = Policy.load(tmp)
     demos = collect_demos(lambda: make(env_id, **env_kwargs), policy.chat, list(range(20_000_000, 20_000_000 + sft_cfg.episodes)), sft_cfg.noise)
-    metrics = sft(policy.model, demos, policy.chat.pad_id, epochs=sft_cfg.epochs, lr=sft_cfg.lr, batch_size=sft_cfg.batch_size, seed=seed, log=log)
+    metrics = sft(policy.model, demos, policy.chat.pad_id, epochs=sft_cfg.epochs, lr=sft_cfg.lr_for(pretrained=False),
+                  batch_size=sft_cfg.batch_size, seed=seed, log=log)
     metrics["demo_pass_rate"] = sum(d.passed for d in demos) / len(demos)
     metrics["parameters"] = policy.num_parameters
     policy.save(tmp)

@@ -1,0 +1,5 @@
+import sys
+
+from agentrl.cli import main
+
+sys.exit(main())
