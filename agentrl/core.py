@@ -61,6 +61,7 @@ __all__ = [
     "Episode",
     "Tool",
     "ToolCall",
+    "ToolTimeout",
     "Turn",
     "make",
     "parse_tool_calls",
@@ -71,6 +72,15 @@ OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
 
 class EnvError(RuntimeError):
     """A tool or verifier raised: a bug in the environment, never a reward of 0."""
+
+
+class ToolTimeout(Exception):
+    """A tool ran past its wall-clock limit. Not an error of the program: the policy is told, the
+    episode goes on (raised by the tool runner a rollout's worker pool installs, `agentrl.workers`)."""
+
+    def __init__(self, tool: str, seconds: float):
+        super().__init__(f"tool {tool!r} ran past its {seconds:g} s limit")
+        self.tool, self.seconds = tool, seconds
 
 
 class AnyText(spaces.Text):
@@ -112,6 +122,7 @@ class Tool:
     params: type[BaseModel]
     fn: Callable[..., Any]
     takes_env: bool = False  # pydantic-model tools receive the env; functions are bound already
+    timeout: float | None = None  # wall-clock limit in seconds; None: the rollout's default (`rollout.tool_timeout`)
 
     @classmethod
     def from_callable(cls, fn: Callable[..., Any], name: str | None = None) -> Tool:
@@ -126,14 +137,19 @@ class Tool:
             fields[pname] = (p.annotation, default)
         tool_name = name or fn.__name__
         params = create_model(f"{tool_name}_args", __config__={"extra": "forbid"}, **fields)
-        return cls(tool_name, inspect.getdoc(fn) or "", params, fn)
+        return cls(tool_name, inspect.getdoc(fn) or "", params, fn, timeout=getattr(fn, "timeout", None))
 
     @classmethod
     def from_model(cls, model: type[BaseModel]) -> Tool:
         if "__call__" not in vars(model):
             raise TypeError(f"tool model {model.__name__} must define __call__(self, env) -> str")
         name = re.sub(r"(?<!^)(?=[A-Z])", "_", model.__name__).lower()
-        return cls(name, inspect.getdoc(model) or "", model, model.__call__, takes_env=True)
+        return cls(name, inspect.getdoc(model) or "", model, model.__call__, takes_env=True, timeout=getattr(model, "timeout", None))
+
+    @property
+    def is_async(self) -> bool:
+        """An `async def` tool: a rollout awaits it on its event loop instead of giving it a thread."""
+        return inspect.iscoroutinefunction(self.fn)
 
     @functools.cached_property
     def schema(self) -> dict[str, Any]:
@@ -146,11 +162,25 @@ class Tool:
         return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": params}}
 
     def run(self, arguments: dict[str, Any], env: Any) -> str:
-        """Validate `arguments` (raises `ValidationError`) and call the tool."""
+        """Validate `arguments` (raises `ValidationError`) and call the tool (an `async def` one to its end)."""
+        result = self.bind(arguments, env)()
+        if inspect.isawaitable(result):
+            import asyncio
+
+            result = asyncio.run(_awaited(result))
+        return str(result)
+
+    def bind(self, arguments: dict[str, Any], env: Any) -> Callable[[], Any]:
+        """Validate `arguments` (raises `ValidationError`) and return the call, not yet made: a tool
+        runner decides where it runs (its value is a coroutine for an `async def` tool)."""
         args = self.params.model_validate(arguments)
         if self.takes_env:
-            return str(args(env))
-        return str(self.fn(**{k: getattr(args, k) for k in type(args).model_fields}))
+            return functools.partial(args, env)
+        return functools.partial(self.fn, **{k: getattr(args, k) for k in type(args).model_fields})
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
 
 
 @dataclass(frozen=True)
@@ -258,6 +288,9 @@ class AgentEnv(gym.Env[str, str]):
     tools: ClassVar[Sequence[Any]] = ()
     system_prompt: ClassVar[str | None] = None
     max_turns: int = 16
+    # Where tool calls run: None calls them here; a rollout's worker pool installs a runner
+    # ``(tool, call) -> result`` that enforces wall-clock limits (`agentrl.workers.ToolRunner`).
+    tool_runner: Callable[[Tool, Callable[[], Any]], Any] | None = None
 
     observation_space = AnyText()
     action_space = AnyText()
@@ -274,6 +307,7 @@ class AgentEnv(gym.Env[str, str]):
         self._ended = False
         self._malformed = 0
         self._step_reward = 0.0
+        self._timeouts = 0
 
     # -- hooks a subclass may override ------------------------------------------------------
 
@@ -336,6 +370,7 @@ class AgentEnv(gym.Env[str, str]):
             raise EnvError(f"{self._where()}: step() called after the episode ended; call reset()")
         self._turn += 1
         self._step_reward = 0.0
+        self._timeouts = 0
         observation, n_bad = self._run_tools(action)
         self._malformed += n_bad
         terminated = self._guard("is_terminal", self.is_terminal)
@@ -348,6 +383,7 @@ class AgentEnv(gym.Env[str, str]):
             "turn": self._turn,
             "malformed_calls": self._malformed,
             "malformed": n_bad,
+            "tool_timeouts": self._timeouts,
             "step_reward": self._step_reward,
             "state_key": self._guard("state_key", self.state_key),
         }
@@ -357,6 +393,18 @@ class AgentEnv(gym.Env[str, str]):
         """End the episode from outside (the policy's context is full); returns the verifier's reward."""
         self._ended = True
         return float(self._guard("verify", self.verify))
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a process or Ray worker receives the env by pickle; the tools' argument models are built at
+        # run time (not importable by name), so the tools are rebuilt from the class on arrival
+        state = self.__dict__.copy()
+        state.pop("_tools", None)
+        state.pop("tool_runner", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._tools = {t.name: t for t in (self._bind_tool(x) for x in type(self).tools)}
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -414,7 +462,13 @@ class AgentEnv(gym.Env[str, str]):
                 bad += 1
                 continue
             try:
-                outputs.append(tool.run(call.arguments, self))
+                if self.tool_runner is None:
+                    outputs.append(tool.run(call.arguments, self))
+                else:
+                    outputs.append(str(self.tool_runner(tool, tool.bind(call.arguments, self))))
+            except ToolTimeout as e:
+                outputs.append(f"error: {e}; its call was abandoned, try another way")
+                self._timeouts += 1
             except ValidationError as e:
                 outputs.append(f"error: bad arguments for {tool.name}: {_validation_message(e)}")
                 bad += 1
@@ -532,6 +586,8 @@ class Episode:
     group_id: int = 0
     seed: int | None = None
     error: str | None = None
+    tool_timeouts: int = 0  # tool calls that ran past their limit (the policy saw an error observation)
+    policy_version: int = 0  # the policy update that generated it (for rollouts that run ahead of training)
 
     @property
     def num_turns(self) -> int:

@@ -1,19 +1,30 @@
 """Drive many environments against one engine, turn by turn, into `Episode`s.
 
-Every turn is one batched `generate()` over all unfinished episodes; each environment then steps
-on its own action, and its observation's tokens are appended to that row's cache. Episodes that
-end leave the batch. The environment sees only text and the engine only tokens.
+Environment calls (`reset`, `step`, and the verifier through `truncate`) run in a worker pool
+(`agentrl.workers`), so slow tools overlap each other and the next generation. There is no turn
+barrier: the engine generates for the rows whose observation has arrived while the others' tools
+still run, and with `max_batch_rows` the batch is refilled as episodes end (continuous batching:
+the next episodes, in order, take the free rows). Each action's observation tokens are appended to
+its row's cache. The environment sees only text and the engine only tokens.
+
+What the pool and the batching change is timing, never content: each env's calls are made in order,
+every episode is reset with its own seed, and the episodes come back in the order of `envs` with
+their group ids; with greedy decoding an episode is the same whatever the pool or the batch bound.
 """
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures as cf
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from agentrl.core import AgentEnv, EnvError, Episode, Turn
-from agentrl.engines.base import Engine
+from agentrl.engines.base import Engine, Generation
 from agentrl.policy import ChatFormat
+from agentrl.workers import DEFAULT_WORKERS, EnvPool, make_pool
 
 
 @dataclass
@@ -22,6 +33,8 @@ class RolloutStats:
     turns: int = 0
     action_tokens: int = 0
     seconds: float = 0.0
+    tool_timeouts: int = 0
+    generate_calls: int = 0  # batched generations (with per-row readiness, more than the turns of the longest episode)
 
     @property
     def tokens_per_second(self) -> float:
@@ -37,56 +50,167 @@ def rollout(
     group_ids: Sequence[int] | None = None,
     max_context: int | None = None,
     max_new_tokens: int = 0,
+    workers: EnvPool | str | None = None,
+    max_batch_rows: int | None = None,
+    policy_version: int = 0,
 ) -> tuple[list[Episode], RolloutStats]:
     """Run one episode in each env (env i reset with seeds[i]) to its end.
 
-    An episode whose next turn would not fit in `max_context` tokens (prompt, history and
-    `max_new_tokens`) is ended as truncated and judged by the verifier as it stands. An env that
-    raises (`EnvError`) ends its episode with `error` set; the others go on.
+    `workers` is a pool or a `rollout.env_workers` string (default ``thread:64``; a pool built here
+    is closed here, so pass one to reuse its workers). `max_batch_rows` bounds the rows the engine
+    holds at once (default: every episode at once). An episode whose next turn would not fit in
+    `max_context` tokens (prompt, history and `max_new_tokens`) is ended as truncated and judged by
+    the verifier as it stands. An env that raises (`EnvError`) ends its episode with `error` set;
+    the others go on.
     """
     if len(envs) != len(seeds):
         raise ValueError(f"rollout: {len(envs)} envs but {len(seeds)} seeds")
-    t0 = time.perf_counter()
+    if max_batch_rows is not None and max_batch_rows < 1:
+        raise ValueError(f"rollout: max_batch_rows must be >= 1, got {max_batch_rows}")
     group_ids = list(group_ids) if group_ids is not None else list(range(len(envs)))
-    episodes, prompts = [], []
-    for env, seed, gid in zip(envs, seeds, group_ids):
-        obs, _ = env.reset(seed=seed)
-        prompt = chat.prompt_ids(obs, env.tool_schemas(), env.system_prompt)
-        prompts.append(prompt)
-        episodes.append(Episode(prompt_ids=prompt, env_id=env.name, task_id=f"{env.name}:{seed}", group_id=gid, seed=seed))
-    ctx = [len(p) for p in prompts]
-    session = engine.open(prompts)
-    while session.rows:
-        gens = session.generate()
-        keep, chunks = [], []
-        for pos, (row, gen) in enumerate(zip(list(session.rows), gens)):
-            env, ep = envs[row], episodes[row]
-            action = chat.decode(gen.ids)
-            try:
-                obs, reward, terminated, truncated, info = env.step(action)
-            except EnvError as e:
-                ep.error = str(e)
+    if len(group_ids) != len(envs):
+        raise ValueError(f"rollout: {len(envs)} envs but {len(group_ids)} group ids")
+    pool = workers if isinstance(workers, EnvPool) else make_pool(workers or DEFAULT_WORKERS)
+    try:
+        return _Driver(envs, seeds, engine, chat, group_ids, max_context, max_new_tokens, pool,
+                       max_batch_rows or len(envs), policy_version).run()
+    finally:
+        if pool is not workers:
+            pool.close()
+
+
+class _Driver:
+    """One rollout's loop: admit episodes into free rows, generate for the rows that are ready,
+    hand their actions to the pool, take the pool's answers as they come."""
+
+    def __init__(self, envs, seeds, engine, chat, group_ids, max_context, max_new_tokens, pool, max_rows, policy_version):
+        self.envs, self.seeds, self.engine, self.chat = envs, seeds, engine, chat
+        self.group_ids, self.max_context, self.max_new_tokens = group_ids, max_context, max_new_tokens
+        self.pool, self.max_rows, self.policy_version = pool, max_rows, policy_version
+        n = len(envs)
+        self.episodes: list[Episode | None] = [None] * n
+        self.ctx = [0] * n
+        self.gen: dict[int, Generation] = {}  # the action whose step is in flight, by row
+        self.in_flight: dict[cf.Future, tuple[str, int]] = {}
+        self.ready: list[int] = []  # rows whose observation is in the cache, waiting to generate
+        self.ready_since = 0.0  # when the oldest ready row became ready
+        self.live = 0  # rows in the session (ready, generating, or waiting on their env)
+        self.left = n  # episodes not yet ended
+        self.stats = RolloutStats()
+
+    def run(self) -> tuple[list[Episode], RolloutStats]:
+        t0 = time.perf_counter()
+        n = len(self.envs)
+        prompts: dict[int, list[int]] = {}
+        resets = {self.pool.submit(i, env, "reset", seed): i for i, env in enumerate(self.envs) for seed in [self.seeds[i]]}
+        self.in_flight.update({f: ("reset", i) for f, i in resets.items()})
+        queue = collections.deque(range(n))  # admitted in order, so groups enter together
+        self.session = self.engine.open([])
+        self.prompts = prompts
+        last_generate = 0.0
+        while self.left:
+            while queue and self.live < self.max_rows and queue[0] in prompts:
+                row = queue.popleft()
+                self.session.add([row], [prompts.pop(row)])
+                self.live += 1
+                self._make_ready(row)
+            if self.ready and self._should_generate(last_generate):
+                started = time.perf_counter()
+                self.session.start(self.ready)
+                self.ready = []
+                for row, gen in self.session.collect():
+                    self._act(row, gen)
+                self.stats.generate_calls += 1
+                last_generate = time.perf_counter() - started
                 continue
-            obs_ids = chat.observation_ids(obs, ended_with_eos=gen.finish == "eos")
-            key = info.get("state_key")
-            ep.turns.append(
-                Turn(ctx[row], gen.ids, gen.logprobs, obs_ids, action, obs, float(info.get("step_reward") or 0.0),
-                     None if key is None else repr(key), int(info.get("malformed", 0)), gen.hidden)
-            )
-            ctx[row] += len(gen.ids) + len(obs_ids)
-            if not (terminated or truncated) and max_context is not None and ctx[row] + max_new_tokens > max_context:
-                try:
-                    reward, truncated = env.truncate(), True
-                except EnvError as e:
-                    ep.error = str(e)
+            if not self.in_flight:
+                if self.ready:
                     continue
-            if terminated or truncated:
-                ep.reward, ep.terminated, ep.truncated = float(reward), bool(terminated), bool(truncated)
-                continue
-            keep.append(pos)
-            chunks.append(obs_ids)
-        session.keep(keep)
-        if keep:
-            session.extend(chunks)
-    stats = RolloutStats(len(episodes), sum(e.num_turns for e in episodes), sum(e.num_action_tokens for e in episodes), time.perf_counter() - t0)
-    return episodes, stats
+                raise RuntimeError("rollout: episodes left but nothing to generate or wait for")  # a bug, not an input
+            # wait for the next answer, but not past the moment the ready rows should go anyway
+            timeout = None if not self.ready else max(0.0, self.ready_since + last_generate - time.perf_counter())
+            done, _ = cf.wait(self.in_flight, timeout=timeout, return_when=cf.FIRST_COMPLETED)
+            for future in done:
+                self._answer(future)
+            for future in [f for f in self.in_flight if f.done()]:  # everything else that has arrived
+                self._answer(future)
+        self.stats.seconds = time.perf_counter() - t0
+        episodes = [e for e in self.episodes if e is not None]
+        self.stats.episodes = len(episodes)
+        self.stats.turns = sum(e.num_turns for e in episodes)
+        self.stats.action_tokens = sum(e.num_action_tokens for e in episodes)
+        self.stats.tool_timeouts = sum(e.tool_timeouts for e in episodes)
+        return episodes, self.stats
+
+    def _should_generate(self, last_generate: float) -> bool:
+        """Generate now, or wait for rows whose env is still busy so that they share the batch?
+        Go when nobody is waiting on an env, or at least as many rows are ready as are waiting, or
+        the oldest ready row has waited as long as a generation takes (a bound on the delay)."""
+        if not self.session.turn_level:
+            return True  # the engine's own scheduler joins rows into its running batch
+        waiting = sum(1 for kind, _ in self.in_flight.values() if kind != "reset")
+        return (not waiting or len(self.ready) >= waiting
+                or time.perf_counter() - self.ready_since >= last_generate)
+
+    def _make_ready(self, row: int) -> None:
+        if not self.ready:
+            self.ready_since = time.perf_counter()
+        self.ready.append(row)
+
+    def _submit(self, kind: str, row: int, *args: Any) -> None:
+        self.in_flight[self.pool.submit(row, self.envs[row], kind, *args)] = (kind, row)
+
+    def _act(self, row: int, gen: Generation) -> None:
+        self.gen[row] = gen
+        self._submit("step", row, self.chat.decode(gen.ids))
+
+    def _end(self, row: int) -> None:
+        self.session.drop([row])
+        self.live -= 1
+        self.left -= 1
+
+    def _answer(self, future: cf.Future) -> None:
+        kind, row = self.in_flight.pop(future)
+        error = future.exception()
+        if error is not None and not isinstance(error, EnvError):
+            raise error  # the pool failed (a worker died, a result could not be sent): not the env's doing
+        if kind == "reset":
+            if error is not None:  # reset raised: an env bug the episode cannot start from
+                raise error
+            obs, _ = future.result()
+            env = self.envs[row]
+            prompt = self.chat.prompt_ids(obs, env.tool_schemas(), env.system_prompt)
+            seed = self.seeds[row]
+            self.episodes[row] = Episode(prompt_ids=prompt, env_id=env.name, task_id=f"{env.name}:{seed}",
+                                         group_id=self.group_ids[row], seed=seed, policy_version=self.policy_version)
+            self.ctx[row] = len(prompt)
+            self.prompts[row] = prompt
+            return
+        ep = self.episodes[row]
+        if error is not None:
+            ep.error = str(error)
+            self._end(row)
+            return
+        if kind == "truncate":
+            ep.reward, ep.truncated = float(future.result()), True
+            self._end(row)
+            return
+        obs, reward, terminated, truncated, info = future.result()
+        gen = self.gen.pop(row)
+        obs_ids = self.chat.observation_ids(obs, ended_with_eos=gen.finish == "eos")
+        key = info.get("state_key")
+        ep.turns.append(
+            Turn(self.ctx[row], gen.ids, gen.logprobs, obs_ids, self.chat.decode(gen.ids), obs,
+                 float(info.get("step_reward") or 0.0), None if key is None else repr(key), int(info.get("malformed", 0)),
+                 gen.hidden)
+        )
+        ep.tool_timeouts += int(info.get("tool_timeouts", 0))
+        self.ctx[row] += len(gen.ids) + len(obs_ids)
+        if terminated or truncated:
+            ep.reward, ep.terminated, ep.truncated = float(reward), bool(terminated), bool(truncated)
+            self._end(row)
+        elif self.max_context is not None and self.ctx[row] + self.max_new_tokens > self.max_context:
+            self._submit("truncate", row)
+        else:
+            self.session.extend([obs_ids], rows=[row])
+            self._make_ready(row)

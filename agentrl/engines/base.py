@@ -12,20 +12,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from agentrl.config import SamplingConfig  # noqa: F401 (re-exported)
 
 FinishReason = Literal["stop", "eos", "length"]
 
 
-class SamplingConfig(BaseModel):
-    """How actions are sampled."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    temperature: float = Field(1.0, ge=0.0, description="Softmax temperature; 1.0 samples the policy as trained, 0 is greedy.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling; 1.0 keeps the exact policy distribution that PPO's ratio assumes.")
-    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 disables.")
-    max_new_tokens: int = Field(48, ge=1, description="Per-turn cap on action tokens; an action cut here ends with finish reason 'length'.")
 
 
 @dataclass
@@ -39,13 +30,28 @@ class Generation:
 
 
 class Session(Protocol):
+    """Rows are named by the caller's index. The rollout drives a session with `add` (new episodes
+    join, possibly into a running batch), `start` + `collect` (actions of the rows whose observation
+    has arrived: a turn-level engine decodes every started row in one batch; a continuous one
+    returns actions as they finish, at least one per call), `extend` and `drop`. `generate`,
+    `extend(chunks)` and `keep(positions)` without rows act on the whole batch, by position."""
+
     rows: list[int]  # the caller's index of every row still in the batch, in batch order
+    turn_level: bool  # True: collect() returns every started row; False: rows started later join running ones
 
-    def generate(self) -> list[Generation]: ...
+    def generate(self, rows: Sequence[int] | None = None) -> list[Generation]: ...
 
-    def extend(self, chunks: Sequence[Sequence[int]]) -> None: ...
+    def extend(self, chunks: Sequence[Sequence[int]], rows: Sequence[int] | None = None) -> None: ...
 
     def keep(self, positions: Sequence[int]) -> None: ...
+
+    def add(self, rows: Sequence[int], prompts: Sequence[Sequence[int]]) -> None: ...
+
+    def start(self, rows: Sequence[int]) -> None: ...
+
+    def collect(self) -> list[tuple[int, Generation]]: ...
+
+    def drop(self, rows: Sequence[int]) -> None: ...
 
 
 class Engine(Protocol):
@@ -70,20 +76,40 @@ class ScriptedEngine:
 
 
 class _ScriptedSession:
+    turn_level = True
+
     def __init__(self, engine: ScriptedEngine, rows: list[int]):
         self.engine = engine
         self.rows = rows
+        self.started: list[int] = []
 
-    def generate(self) -> list[Generation]:
+    def generate(self, rows: Sequence[int] | None = None) -> list[Generation]:
         out = []
-        for r in self.rows:
+        for r in self.rows if rows is None else rows:
+            if r not in self.rows:
+                raise KeyError(f"row {r} is not in this session")
             ids = list(self.engine.act(r))
             out.append(Generation(ids, [0.0] * len(ids), "eos" if ids and ids[-1] == self.engine.eos_id else "stop"))
         return out
 
-    def extend(self, chunks: Sequence[Sequence[int]]) -> None:
-        if len(chunks) != len(self.rows):
-            raise ValueError(f"extend() got {len(chunks)} chunks for {len(self.rows)} rows")
+    def extend(self, chunks: Sequence[Sequence[int]], rows: Sequence[int] | None = None) -> None:
+        n = len(self.rows if rows is None else rows)
+        if len(chunks) != n:
+            raise ValueError(f"extend() got {len(chunks)} chunks for {n} rows")
 
     def keep(self, positions: Sequence[int]) -> None:
         self.rows = [self.rows[p] for p in positions]
+
+    def add(self, rows: Sequence[int], prompts: Sequence[Sequence[int]]) -> None:
+        self.rows += list(rows)
+
+    def start(self, rows: Sequence[int]) -> None:
+        self.started += list(rows)
+
+    def collect(self) -> list[tuple[int, Generation]]:
+        rows, self.started = self.started, []
+        return list(zip(rows, self.generate(rows)))
+
+    def drop(self, rows: Sequence[int]) -> None:
+        gone = set(rows)
+        self.rows = [r for r in self.rows if r not in gone]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -28,11 +29,14 @@ from transformers.cache_utils import DynamicLayer
 from agentrl.engines.base import Generation, SamplingConfig
 
 
-def sample_tokens(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_tokens(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None = None,
+                  uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row; return it and its log-prob under the temperature-scaled policy.
 
     The log-prob is taken before top-k/top-p truncation (as vLLM reports it), so that it matches
-    what the learner recomputes from the same logits.
+    what the learner recomputes from the same logits. With `uniforms` (B,) in [0, 1), row b takes
+    the token where its cumulative distribution passes uniforms[b] (inverse-CDF sampling), so a
+    row's sample depends on its own number only, not on the rows batched with it.
     """
     logits = logits.float()  # (B, V)
     if cfg.temperature == 0:
@@ -49,8 +53,39 @@ def sample_tokens(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Ge
         cum = sorted_logits.softmax(-1).cumsum(-1)
         drop = cum - sorted_logits.softmax(-1) > cfg.top_p  # keep the smallest set reaching top_p
         masked = masked.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
-    tok = torch.multinomial(masked.softmax(-1), 1, generator=generator).squeeze(-1)  # (B,)
+    probs = masked.softmax(-1)  # (B, V)
+    if uniforms is None:
+        tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
+    else:
+        cdf = probs.cumsum(-1)  # (B, V)
+        # right=True: the first token whose cdf exceeds u, never a zero-probability one
+        target = (uniforms.to(cdf.dtype) * cdf[:, -1])[:, None]  # (B, 1)
+        tok = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+def _signed(x: int) -> int:
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+_GOLDEN, _MIX1, _MIX2 = _signed(0x9E3779B97F4A7C15), _signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB)
+
+
+def _shr(x: torch.Tensor, k: int) -> torch.Tensor:
+    return (x >> k) & ((1 << (64 - k)) - 1)  # logical shift of int64 (torch's >> keeps the sign)
+
+
+def _splitmix(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64 on int64 tensors (products wrap modulo 2^64): a counter-based random number."""
+    z = x + _GOLDEN
+    z = (z ^ _shr(z, 30)) * _MIX1
+    z = (z ^ _shr(z, 27)) * _MIX2
+    return z ^ _shr(z, 31)
+
+
+def row_uniforms(stream: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
+    """Uniforms in [0, 1), one per row, from each row's stream and draw counter (int64, (B,))."""
+    return _shr(_splitmix(_splitmix(stream) + counter), 11).double() / float(1 << 53)
 
 
 def _append(view: torch.Tensor, buf: torch.Tensor | None, new: torch.Tensor, room: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,19 +158,42 @@ class TorchEngine:
         self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
         # only the last position's logits are sampled from: skip the LM head on the rest of a chunk
         self.last_logits = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        # Each row samples from a stream of its own: a counter-based generator keyed by the session
+        # and the caller's row index, so a row's tokens do not depend on which rows share its batch
+        # (rows join and leave at times set by their tools' latency).
         self.generator = None
         if seed is not None:
-            self.generator = torch.Generator(device=self.device).manual_seed(seed)
+            self.generator = torch.Generator().manual_seed(seed)
+        self.sessions = 0
 
     def open(self, prompts: Sequence[Sequence[int]]) -> TorchSession:
-        return TorchSession(self, [list(p) for p in prompts])
+        # the session's key: the engine's seed and the number of sessions before it (or torch's own RNG without a seed)
+        key = int(torch.randint(0, 2**62, (1,), generator=self.generator))
+        self.sessions += 1
+        return TorchSession(self, [list(p) for p in prompts], key)
 
 
 class TorchSession:
-    def __init__(self, engine: TorchEngine, prompts: list[list[int]]):
+    """A batch of rows in slots of one rectangular cache.
+
+    Rows need not move together: `generate(rows)` decodes only the rows named (the others feed
+    masked pads and stay as they are), so a row whose observation has arrived need not wait for the
+    rest; `drop(rows)` frees a finished row's slot without touching the cache, and `add(rows,
+    prompts)` puts new rows into free slots (continuous batching): the new row's old slot contents
+    are masked out and its prompt is prefilled by its first `generate`. Holes that build up this way
+    are squeezed out (`_compact`) once they outnumber the real positions. Positions come from each
+    row's own count of real tokens, never from the cache index, so moving keys changes nothing.
+    """
+
+    turn_level = True  # generate() decodes whole actions: rows join and leave between calls
+
+    def __init__(self, engine: TorchEngine, prompts: list[list[int]], key: int = 0):
         self.engine = engine
-        self.rows = list(range(len(prompts)))
         dev = engine.device
+        self.key = key
+        self.slot_rows: list[int | None] = list(range(len(prompts)))  # the caller's row in each slot (None: free)
+        self.drawn = torch.zeros(len(prompts), dtype=torch.long, device=dev)  # (B,) tokens each row has sampled
+        self.fresh = [True] * len(prompts)  # not fed yet: a reused slot's old positions are masked out at its first feed
         self.cache: DynamicCache = _RollingCache()
         self.mask = torch.zeros(len(prompts), 0, dtype=torch.long, device=dev)  # (B, L) 1 = real token
         self.mask_buf: torch.Tensor | None = None  # (B, capacity): `mask` is its leading part
@@ -145,10 +203,25 @@ class TorchSession:
         self.pending: list[list[int]] = prompts  # tokens each row has not yet fed to the model
         self.tokens_fed = 0  # padded positions run through the model (for throughput accounting)
         self.turn_hidden: torch.Tensor | None = None
+        self.started: list[int] = []
+
+    @property
+    def rows(self) -> list[int]:
+        """The caller's index of every row in the batch, in slot order (positions for `keep`)."""
+        return [r for r in self.slot_rows if r is not None]
 
     @property
     def cache_len(self) -> int:
         return self.mask.shape[1]
+
+    def _slots(self, rows: Sequence[int] | None) -> list[int]:
+        if rows is None:
+            return [s for s, r in enumerate(self.slot_rows) if r is not None]
+        where = {r: s for s, r in enumerate(self.slot_rows) if r is not None}
+        missing = [r for r in rows if r not in where]
+        if missing:
+            raise KeyError(f"rows {missing} are not in this session")
+        return [where[r] for r in rows]
 
     def _forward(self, ids: torch.Tensor, chunk_mask: torch.Tensor, hidden: bool = False) -> torch.Tensor:
         self.mask, self.mask_buf = _append(self.mask, self.mask_buf, chunk_mask, self.room, dim=1)  # (B, L + C)
@@ -166,16 +239,50 @@ class TorchSession:
             self.turn_hidden = out.hidden_states[-1][:, -1].float()  # (B, H)
         return out.logits[:, -1]  # (B, V)
 
-    def _feed_pending(self) -> torch.Tensor:
-        width = max(len(c) for c in self.pending)
-        dev = self.engine.device
-        ids = torch.full((len(self.pending), width), self.engine.pad_id, dtype=torch.long, device=dev)  # (B, C)
+    def _layers(self) -> list[Any]:
+        return [layer for layer in getattr(self.cache, "layers", []) if layer.get_seq_length() > 0]
+
+    def _compact(self) -> None:
+        """Drop the masked holes: each row's real positions, in order, right-aligned in a cache as
+        long as the longest row's (one gather of every layer)."""
+        real = self.mask.bool()  # (B, L)
+        width = int(real.sum(1).max()) if real.numel() else 0
+        # a stable sort puts each row's holes first and its real positions after, in their order
+        idx = torch.argsort(real.int(), dim=1, stable=True)[:, real.shape[1] - width :]  # (B, W)
+        self.mask, self.mask_buf = real.gather(1, idx).long(), None
+        for layer in self._layers():
+            k_idx = idx[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])  # (B, H, W, D)
+            layer.keys, layer.values = layer.keys.gather(2, k_idx), layer.values.gather(2, k_idx)
+            if isinstance(layer, _RollingLayer):
+                layer.key_buf = layer.value_buf = None
+
+    def _feed_pending(self, slots: list[int]) -> torch.Tensor:
+        B, dev = len(self.slot_rows), self.engine.device
+        active = set(slots)
+        for s in slots:
+            if not self.pending[s]:
+                raise ValueError(f"row {self.slot_rows[s]} has nothing to feed: extend() it with its observation before generate()")
+            if self.fresh[s]:  # a reused slot: the previous row's positions are holes to the new one
+                if self.cache_len:
+                    self.mask[s] = 0
+                    self.holes = True
+                self.pos[s] = 0
+                self.fresh[s] = False
+        if self.holes and self.cache_len > 64 and 2 * int(self.mask.sum(1).max()) < self.cache_len:
+            self._compact()
+        width = max(len(self.pending[s]) for s in slots)
+        ids = torch.full((B, width), self.engine.pad_id, dtype=torch.long, device=dev)  # (B, C)
         m = torch.zeros_like(ids)
-        for i, chunk in enumerate(self.pending):  # left-pad: the last column is every row's newest token
+        for s in range(B):  # left-pad: the last column is every row's newest token
+            chunk = self.pending[s] if s in active else []
             if chunk:
-                ids[i, width - len(chunk) :] = torch.tensor(chunk, dtype=torch.long)
-                m[i, width - len(chunk) :] = 1
-        self.pending = [[] for _ in self.pending]
+                ids[s, width - len(chunk) :] = torch.tensor(chunk, dtype=torch.long)
+                m[s, width - len(chunk) :] = 1
+                self.pending[s] = []
+            elif self.fresh[s]:
+                # a row with no real position yet would attend to nothing (NaN, which the masked
+                # slots would then hold); let its pad see itself: its first feed masks it out again
+                m[s, -1] = 1
         # room for this chunk and the longest action: no growth while decoding this turn
         self.room = self.cache_len + width + self.engine.sampling.max_new_tokens
         if isinstance(self.cache, _RollingCache):
@@ -183,29 +290,39 @@ class TorchSession:
         return self._forward(ids, m, hidden=self.engine.capture_hidden)
 
     @torch.inference_mode()
-    def generate(self, forced: Sequence[Sequence[int]] | None = None) -> list[Generation]:
-        """One action per row. `forced` (one token list per row) replaces sampling by those tokens
-        (teacher forcing: same forwards, same log-probs; for replaying episodes and benchmarks)."""
+    def generate(self, forced: Sequence[Sequence[int]] | None = None, rows: Sequence[int] | None = None) -> list[Generation]:
+        """One action for each of `rows` (default: every row), in that order; the other rows stay as
+        they are. `forced` (one token list per row) replaces sampling by those tokens (teacher
+        forcing: same forwards, same log-probs; for replaying episodes and benchmarks)."""
         eng, cfg = self.engine, self.engine.sampling
-        B, dev = len(self.rows), eng.device
-        logits = self._feed_pending()
+        slots = self._slots(rows)
+        if not slots:
+            return []
+        B, dev = len(self.slot_rows), eng.device
+        logits = self._feed_pending(slots)
+        active = torch.zeros(B, dtype=torch.bool, device=dev)
+        active[slots] = True
         if forced is not None:
             forced_t = torch.full((B, cfg.max_new_tokens), eng.pad_id, dtype=torch.long, device=dev)
-            for i, f in enumerate(forced):
-                forced_t[i, : len(f)] = torch.tensor(f[: cfg.max_new_tokens], dtype=torch.long)
+            for s, f in zip(slots, forced, strict=True):
+                forced_t[s, : len(f)] = torch.tensor(f[: cfg.max_new_tokens], dtype=torch.long)
         tokens = torch.full((B, cfg.max_new_tokens), eng.pad_id, dtype=torch.long, device=dev)  # (B, N)
         logps = torch.zeros(B, cfg.max_new_tokens, device=dev)  # (B, N)
-        done = torch.zeros(B, dtype=torch.bool, device=dev)
+        done = ~active  # rows not asked for feed masked pads throughout
         length = torch.zeros(B, dtype=torch.long, device=dev)
         stop_ids = eng.stop_ids.to(dev)
+        stream = torch.tensor([self.key + (r if r is not None else -1) * 1_000_003 for r in self.slot_rows],
+                              dtype=torch.long, device=dev)  # (B,)
         n = 0
         for t in range(cfg.max_new_tokens):
             if forced is None:
-                tok, lp = sample_tokens(logits, cfg, eng.generator)
+                u = row_uniforms(stream, self.drawn) if cfg.temperature > 0 else None
+                tok, lp = sample_tokens(logits, cfg, uniforms=u)
             else:
                 tok = forced_t[:, t]
                 lp = torch.log_softmax(logits.float() / (cfg.temperature or 1.0), -1).gather(-1, tok[:, None]).squeeze(-1)
             live = ~done  # rows that produce a real token at this step
+            self.drawn += live.long()
             tokens[:, t] = torch.where(live, tok, eng.pad_id)
             logps[:, t] = torch.where(live, lp, 0.0)
             length += live.long()
@@ -221,31 +338,89 @@ class TorchSession:
         hidden = self.turn_hidden.tolist() if eng.capture_hidden and self.turn_hidden is not None else [None] * B
         stops = set(eng.stop_ids.tolist())
         out = []
-        for i in range(B):
-            ids = tokens[i][: lengths[i]]
-            if last_live[i]:
-                self.pending[i] = [ids[-1]]
+        for s in slots:
+            ids = tokens[s][: lengths[s]]
+            if last_live[s]:
+                self.pending[s] = [ids[-1]]
             finish = "length"
             if ids and ids[-1] in stops:
                 finish = "eos" if ids[-1] == eng.eos_id else "stop"
-            out.append(Generation(ids, logps[i][: lengths[i]], finish, hidden[i]))
+            out.append(Generation(ids, logps[s][: lengths[s]], finish, hidden[s]))
         return out
 
-    def extend(self, chunks: Sequence[Sequence[int]]) -> None:
-        if len(chunks) != len(self.rows):
-            raise ValueError(f"extend() got {len(chunks)} chunks for {len(self.rows)} rows")
-        for i, chunk in enumerate(chunks):
-            self.pending[i] = self.pending[i] + list(chunk)
+    def start(self, rows: Sequence[int]) -> None:
+        """Ask for the next action of `rows`; `collect()` decodes them (in one batch)."""
+        self.started += list(rows)
+
+    def collect(self) -> list[tuple[int, Generation]]:
+        """The actions of every started row, decoded together."""
+        rows, self.started = self.started, []
+        return list(zip(rows, self.generate(rows=rows)))
+
+    def extend(self, chunks: Sequence[Sequence[int]], rows: Sequence[int] | None = None) -> None:
+        slots = self._slots(rows)
+        if len(chunks) != len(slots):
+            raise ValueError(f"extend() got {len(chunks)} chunks for {len(slots)} rows")
+        for s, chunk in zip(slots, chunks):
+            self.pending[s] = self.pending[s] + list(chunk)
+
+    def add(self, rows: Sequence[int], prompts: Sequence[Sequence[int]]) -> None:
+        """New rows join the batch: into free slots (their cache stays, masked out), else new ones."""
+        if len(rows) != len(prompts):
+            raise ValueError(f"add() got {len(prompts)} prompts for {len(rows)} rows")
+        taken = set(self.rows) & set(rows)
+        if taken:
+            raise ValueError(f"rows {sorted(taken)} are already in this session")
+        free = [s for s, r in enumerate(self.slot_rows) if r is None]
+        new = len(rows) - len(free)
+        if new > 0:
+            self._grow(new)
+            free += list(range(len(self.slot_rows) - new, len(self.slot_rows)))
+        for s, row, prompt in zip(free, rows, prompts):
+            if not prompt:
+                raise ValueError(f"row {row}: an empty prompt")
+            self.slot_rows[s], self.pending[s], self.fresh[s] = row, list(prompt), True
+            self.drawn[s] = 0
+
+    def _grow(self, n: int) -> None:
+        self.mask, self.mask_buf = torch.cat([self.mask, self.mask.new_zeros(n, self.cache_len)]), None
+        self.pos = torch.cat([self.pos, self.pos.new_zeros(n)])
+        self.drawn = torch.cat([self.drawn, self.drawn.new_zeros(n)])
+        for layer in self._layers():
+            layer.keys = torch.cat([layer.keys, layer.keys.new_zeros(n, *layer.keys.shape[1:])])
+            layer.values = torch.cat([layer.values, layer.values.new_zeros(n, *layer.values.shape[1:])])
+            if isinstance(layer, _RollingLayer):
+                layer.key_buf = layer.value_buf = None
+        self.slot_rows += [None] * n
+        self.pending += [[] for _ in range(n)]
+        self.fresh += [True] * n
+        self.holes = self.holes or self.cache_len > 0
+        self.turn_hidden = None
+
+    def drop(self, rows: Sequence[int]) -> None:
+        """These rows leave the batch; their slots are free for `add` (the cache is not touched)."""
+        for s in self._slots(rows):
+            self.slot_rows[s], self.pending[s] = None, []
 
     def keep(self, positions: Sequence[int]) -> None:
-        """Keep only these batch positions (drop finished episodes); slices the KV cache."""
-        if len(positions) == len(self.rows):
+        """Keep only these positions of `rows` (drop finished episodes); slices the KV cache."""
+        live = self._slots(None)
+        if len(positions) == len(self.slot_rows):
             return
-        idx = torch.tensor(list(positions), dtype=torch.long, device=self.engine.device)
-        if len(positions) and self.cache.get_seq_length() > 0:
+        slots = [live[p] for p in positions]
+        idx = torch.tensor(slots, dtype=torch.long, device=self.engine.device)
+        if len(slots) and self.cache.get_seq_length() > 0:
             self.cache.batch_select_indices(idx)
-        self.mask = self.mask[idx]
+        self.mask, self.mask_buf = self.mask[idx], None
         self.pos = self.pos[idx]
-        self.rows = [self.rows[p] for p in positions]
-        self.pending = [self.pending[p] for p in positions]
+        self.drawn = self.drawn[idx]
+        self.slot_rows = [self.slot_rows[s] for s in slots]
+        self.pending = [self.pending[s] for s in slots]
+        self.fresh = [self.fresh[s] for s in slots]
         self.turn_hidden = None
+
+
+def for_policy(policy: Any, sampling: SamplingConfig, seed: int, capture_hidden: bool = False) -> TorchEngine:
+    """The registry's builder (agentrl.engines.ENGINES["torch"]): generate from the policy's own model."""
+    chat = policy.chat
+    return TorchEngine(policy.model, sampling, chat.stop_ids, chat.eos_id, chat.pad_id, seed=seed, capture_hidden=capture_hidden)
