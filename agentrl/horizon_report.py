@@ -165,6 +165,8 @@ def _threshold_lines(result: ProbeResult) -> list[str]:
         lines.append(f"Sweep started: {th.sweep_started}")
     if th.sweep_command:
         lines.append(f"Sweep command: {th.sweep_command}")
+    if th.sweep_sha256:  # which results exactly: the file's hash, and the commit that last changed it
+        lines.append(f"Sweep results: sha256 {th.sweep_sha256}" + (f", commit {th.sweep_commit}" if th.sweep_commit else ""))
     lines.append(f"Derivation: {th.derivation}")
     return lines
 

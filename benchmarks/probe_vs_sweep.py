@@ -10,6 +10,10 @@ from the same sweep (`thresholds_from_sweep`) and the sweep's per-run budget. Th
 agrees when it is the sweep's best assigner at that horizon or one whose mean final pass rate lies
 within the seeds' spread of the best (`agentrl.probe.horizon_spread`).
 
+With the committed sweep (benchmarks/results/horizon_sweep.json) these thresholds are the ones the
+package ships (agentrl/probe/thresholds.json, rewritten by `python -m agentrl.probe calibrate` when
+the sweep changes), so this checks the probe every install runs.
+
 Baseline and ratio: the sweep itself is the baseline; `ratio` (last line, JSON) is the fraction
 of horizons where the recommendation agrees. A horizon report per horizon goes to --out.
 """
