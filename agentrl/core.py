@@ -493,11 +493,38 @@ def _valid(tool: Tool | None, arguments: dict[str, Any]) -> bool:
 
 
 def _import_from_cwd(module: str) -> Any:
-    """Import `module`, also from the current folder (as `python -m` would; console scripts don't)."""
+    """Import `module`, also from the current folder (as `python -m` would; console scripts don't),
+    or from a file when `module` is a path ending in .py (`path/to/my_env.py`)."""
     import importlib
+    import importlib.util
     import os
     import sys
+    from pathlib import Path
 
+    if module.endswith(".py"):
+        path = Path(module).resolve()
+        if not path.is_file():
+            raise ModuleNotFoundError(f"no file {module} (from {os.getcwd()})", name=module)
+        name = path.stem
+        loaded = sys.modules.get(name)
+        if loaded is not None:
+            if Path(getattr(loaded, "__file__", "") or "").resolve() == path:
+                return loaded
+            raise ImportError(f"{module}: a different module named {name!r} is already imported "
+                              f"({getattr(loaded, '__file__', 'built in')}); rename the file")
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"{module}: not a Python module")
+        mod = importlib.util.module_from_spec(spec)
+        # registered under its name so that its classes pickle by reference (worker pools) and a
+        # second make() returns the same classes
+        sys.modules[name] = mod
+        try:
+            spec.loader.exec_module(mod)
+        except BaseException:
+            del sys.modules[name]
+            raise
+        return mod
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as e:
@@ -507,20 +534,33 @@ def _import_from_cwd(module: str) -> Any:
         return importlib.import_module(module)
 
 
+IMPORT_HINT = ("the module must be importable from here: run from the folder that holds it, add that folder to "
+               "PYTHONPATH, install its package (pip install -e .), or name the file instead: path/to/my_env.py:MyEnv")
+
+
 def make(env_id: str, **kwargs: Any) -> AgentEnv:
-    """Build a registered environment (`agentrl/Vault-v0`) or `module:Class`, without wrappers.
+    """Build a registered environment (`agentrl/Vault-v0`), `module:Class` or `path/to/file.py:Class`,
+    without wrappers.
 
     gymnasium's `make` stacks checker wrappers on the env; agentrl's rollout talks to the
     `AgentEnv` itself, so this builds it directly from the registry entry.
     """
     import importlib
 
-    if ":" in env_id and "/" not in env_id.split(":")[0]:
-        module, _, attr = env_id.partition(":")
+    module, _, attr = env_id.rpartition(":")
+    if module.endswith(".py") or (module and "/" not in module):
         try:
-            cls = getattr(_import_from_cwd(module), attr)
-        except (ImportError, AttributeError) as e:
+            loaded = _import_from_cwd(module)
+        except ModuleNotFoundError as e:
+            raise ValueError(f"cannot load environment {env_id!r}: {e}; {IMPORT_HINT}") from e
+        except ImportError as e:
             raise ValueError(f"cannot load environment {env_id!r}: {e}") from e
+        try:
+            cls = getattr(loaded, attr)
+        except AttributeError:
+            found = sorted(k for k, v in vars(loaded).items() if isinstance(v, type) and issubclass(v, AgentEnv) and v is not AgentEnv)
+            raise ValueError(f"cannot load environment {env_id!r}: module {module} has no {attr!r}"
+                             + (f"; its AgentEnv classes: {', '.join(found)}" if found else "")) from None
         env = cls(**kwargs)
     else:
         import agentrl.envs  # noqa: F401  (registers the built-in environments)
