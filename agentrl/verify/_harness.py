@@ -1,21 +1,42 @@
-"""The two programs a sandboxed test run starts: the *worker*, which runs the untrusted code, and
-the *judge*, which runs the trusted tests. This file is executed as ``python -c <this source>``
-inside the sandbox; it imports nothing from agentrl, and nothing in it is imported by the judge's
-callers except the codec (for tests).
+"""What runs inside a sandboxed process: the *launcher*, then the *worker* (untrusted code) or the
+*judge* (trusted tests). This file is executed as ``python -S -s -P -c <this source> launch <cfg>``;
+it imports nothing from agentrl, and nothing in it is imported by the judge's callers except the
+codec (for tests).
 
-Why two processes: if the tests ran in the same interpreter as the candidate, the candidate could
-patch ``assert`` helpers, exit with status 0 before the tests run, print a fake report or find any
-secret the harness holds in memory. Here the test code never runs where the candidate runs. The
-judge calls the candidate's functions through a pipe (``candidate(1, 2)`` becomes a request to the
-worker) and receives only *plain data* back (ints, floats, strings, lists, tuples, dicts, sets,
-bytes, None), decoded from tagged JSON, so an object whose ``__eq__`` always says True cannot cross.
-The judge runs as a different unprivileged user, so the worker cannot signal, trace or read it.
-Whatever the worker does, it can only influence the verdict through the values its functions return.
+**The launcher** (`launch`) is the first thing the fresh process does, as root and single-threaded:
+join the run's memory cgroup, unshare namespaces, build the minimal file view and pivot into it,
+fork pid 1 of a new PID namespace, set rlimits, drop to the run's uid, close the status pipe, and
+only then become its role (or ``exec`` the interpreter for `run_program`). Doing this here rather
+than in a ``preexec_fn`` matters because the sandbox is called from a thread pool: CPython
+documents ``preexec_fn`` as unsafe with threads (the forked child inherits locks other threads
+held), and it rules out ``vfork``, so every run copied the page tables of a large parent. The
+parent now only ``vfork``s and ``exec``s. (Bubblewrap would also work, but it cannot switch to a
+fresh host uid, join a cgroup or set rlimits without such a wrapper anyway, and it is one more
+package that CI and every user would need; this is ~150 lines of syscalls we can test.)
 
-Frames on the pipes: 4-byte big-endian length, then UTF-8 JSON.
+**Why two processes** (worker and judge): if the tests ran in the same interpreter as the
+candidate, the candidate could patch ``assert`` helpers, exit with status 0 before the tests run,
+print a fake report or find any secret the harness holds in memory. Here the test code never runs
+where the candidate runs. The judge calls the candidate's functions through a pipe
+(``candidate(1, 2)`` becomes a request to the worker) and receives only *plain data* back (ints,
+floats, strings, lists, tuples, dicts, sets, bytes, None), decoded from tagged JSON, so an object
+whose ``__eq__`` always says True cannot cross. The judge runs as a different unprivileged user,
+so the worker cannot signal, trace or read it.
+
+**The candidate owns its end of the pipes.** It shares the worker's process, so it can always find
+and write to the reply pipe (fd 4), whatever number it has. So the judge trusts nothing it
+reads: every frame is bounded in size, parsed with the parser's recursion caught, checked for
+shape, types and the sequence number of the request it answers, and decoded with nesting capped.
+Anything else is a *protocol violation*: the judge stops calling the candidate and reports it,
+and the run scores 0. It never crashes the judge.
+
+Frames on the pipes: 4-byte big-endian length, then UTF-8 JSON. Requests ``{"id", "fn", "args",
+"kwargs"}``; replies ``{"id", "value"}`` or ``{"id", "error", "message"}``; the worker's first
+frame is ``{"id": 0, "loaded": true}`` or ``{"id": 0, "load_error": str}``.
 """
 
 import base64
+import binascii
 import json
 import math
 import os
@@ -24,12 +45,19 @@ import struct
 import sys
 import time
 
-MAX_FRAME = 8 * 1024 * 1024  # a larger reply is a failed call, not a crash
+MAX_FRAME = 8 * 1024 * 1024  # a larger reply is a protocol violation, not a crash
 MAX_DEPTH = 64
+# In the worker and in the judge alike, fd 3 is that process's end of the request pipe and fd 4 its
+# end of the reply pipe: fixed numbers, so that no descriptor number travels in argv
+FD_REQUESTS, FD_REPLIES = 3, 4
 
 
 class CodecError(ValueError):
     pass
+
+
+class ProtocolViolation(Exception):
+    """The candidate's end of the pipe sent something that is not a valid message."""
 
 
 # -- codec: plain data only ------------------------------------------------------------------
@@ -74,29 +102,57 @@ def encode(obj, depth=0):
     raise CodecError(f"cannot transfer a value of type {type(obj).__name__} (only plain data crosses the sandbox)")
 
 
-def decode(val, depth=0):
+def decode(val):
+    """Tagged JSON -> plain data. Anything that `encode` cannot have produced is a `CodecError`
+    (never a TypeError, a RecursionError or an unhashable set member escaping)."""
+    try:
+        return _decode(val, 0)
+    except CodecError:
+        raise
+    except (TypeError, ValueError, binascii.Error, RecursionError, MemoryError, OverflowError) as e:
+        raise CodecError(f"malformed value ({type(e).__name__})") from None
+
+
+def _number(x):
+    if type(x) not in (int, float):
+        raise CodecError("malformed complex number")
+    return float(x)
+
+
+def _items(v, depth):
+    if type(v) is not list:
+        raise CodecError("malformed container")
+    return [_decode(x, depth + 1) for x in v]
+
+
+def _decode(val, depth):
     if depth > MAX_DEPTH:
         raise CodecError("value nested too deeply")
-    if val is None or isinstance(val, (bool, int, float, str)):
+    if val is None or type(val) in (bool, int, float, str):
         return val
-    if isinstance(val, list):
-        return [decode(x, depth + 1) for x in val]
-    if isinstance(val, dict) and len(val) == 1:
-        (tag, v), = val.items()
+    if type(val) is list:
+        return _items(val, depth)
+    if type(val) is dict and len(val) == 1:
+        ((tag, v),) = val.items()
         if tag == "$f" and v in ("inf", "-inf", "nan"):
             return float(v)
-        if tag == "$b":
-            return base64.b64decode(v)
-        if tag == "$c":
-            return complex(float(v[0]), float(v[1]))
+        if tag == "$b" and type(v) is str:
+            return base64.b64decode(v, validate=True)
+        if tag == "$c" and type(v) is list and len(v) == 2:
+            return complex(_number(v[0]), _number(v[1]))
         if tag == "$t":
-            return tuple(decode(x, depth + 1) for x in v)
+            return tuple(_items(v, depth))
         if tag == "$s":
-            return {decode(x, depth + 1) for x in v}
+            return set(_items(v, depth))
         if tag == "$fs":
-            return frozenset(decode(x, depth + 1) for x in v)
-        if tag == "$d":
-            return {decode(k, depth + 1): decode(x, depth + 1) for k, x in v}
+            return frozenset(_items(v, depth))
+        if tag == "$d" and type(v) is list:
+            out = {}
+            for pair in v:
+                if type(pair) is not list or len(pair) != 2:
+                    raise CodecError("malformed dict item")
+                out[_decode(pair[0], depth + 1)] = _decode(pair[1], depth + 1)
+            return out
     raise CodecError("malformed value")
 
 
@@ -126,25 +182,31 @@ def _read_exact(fd, n, deadline):
 
 
 def recv(fd, deadline=None):
+    """One frame, parsed. Bytes that are not a bounded, well-formed JSON frame are a
+    `ProtocolViolation` (the parser's RecursionError on ``[[[[...`` included)."""
     (n,) = struct.unpack(">I", _read_exact(fd, 4, deadline))
     if n > MAX_FRAME:
-        raise CodecError(f"message of {n} bytes exceeds {MAX_FRAME}")
-    return json.loads(_read_exact(fd, n, deadline))
+        raise ProtocolViolation(f"a message of {n} bytes (the limit is {MAX_FRAME})")
+    data = _read_exact(fd, n, deadline)
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError, MemoryError) as e:  # ValueError: bad UTF-8/JSON, a 5,000-digit int
+        raise ProtocolViolation(f"a message that is not valid JSON ({type(e).__name__})") from None
 
 
 # -- the worker: runs untrusted code, answers calls ------------------------------------------
 
 
-def worker_main(fd_in, fd_out):
+def worker_main(fd_in=FD_REQUESTS, fd_out=FD_REPLIES):
     code = sys.stdin.read()
     sys.stdin.close()
     ns = {"__name__": "__candidate__", "__builtins__": __builtins__}
     try:
         exec(compile(code, "<candidate>", "exec"), ns)
     except BaseException as e:  # SystemExit and KeyboardInterrupt included: the program did not load
-        send(fd_out, {"load_error": f"{type(e).__name__}: {e}"[:500]})
+        send(fd_out, {"id": 0, "load_error": f"{type(e).__name__}: {e}"[:500]})
         return
-    send(fd_out, {"loaded": True})
+    send(fd_out, {"id": 0, "loaded": True})
     while True:
         try:
             req = recv(fd_in)
@@ -153,13 +215,13 @@ def worker_main(fd_in, fd_out):
         try:
             fn = ns[req["fn"]]
             out = fn(*decode(req["args"]), **decode(req["kwargs"]))
-            reply = {"value": encode(out)}
+            reply = {"id": req["id"], "value": encode(out)}
         except BaseException as e:
-            reply = {"error": type(e).__name__, "message": str(e)[:300]}
+            reply = {"id": req["id"], "error": type(e).__name__, "message": str(e)[:300]}
         try:
             send(fd_out, reply)
         except (CodecError, ValueError) as e:  # e.g. an int too large to print
-            send(fd_out, {"error": "CodecError", "message": str(e)[:300]})
+            send(fd_out, {"id": req["id"], "error": "CodecError", "message": str(e)[:300]})
 
 
 # -- the judge: runs trusted tests, calls the worker -----------------------------------------
@@ -173,33 +235,86 @@ class CandidateGone(Exception):
     pass
 
 
-def judge_main(fd_req, fd_rep):
+def _raised_in_candidate(name, message):
+    """The exception a candidate's call raised, rebuilt in the judge: a builtin class by name when
+    one exists and takes a message, else RuntimeError (the name is candidate data)."""
     import builtins
 
+    exc = getattr(builtins, name, None) if name.isidentifier() else None
+    if not (isinstance(exc, type) and issubclass(exc, Exception)):
+        exc = RuntimeError
+    try:
+        return exc(f"{name}: {message}")
+    except Exception:  # UnicodeDecodeError and friends need five arguments
+        return RuntimeError(f"{name}: {message}")
+
+
+def _check_hello(msg):
+    """The worker's first frame: None when loaded, else the load error."""
+    if type(msg) is dict and msg.get("id") == 0 and type(msg.get("id")) is int:
+        if msg.keys() == {"id", "loaded"} and msg["loaded"] is True:
+            return None
+        if msg.keys() == {"id", "load_error"} and type(msg["load_error"]) is str:
+            return msg["load_error"][:500]
+    raise ProtocolViolation("an unexpected message while the program loaded")
+
+
+def _check_reply(msg, want):
+    """A reply to request `want`: ("value", plain data) or ("error", name, message)."""
+    if not (type(msg) is dict and type(msg.get("id")) is int and msg["id"] == want):
+        raise ProtocolViolation(f"a message that is not the reply to call {want}")
+    if msg.keys() == {"id", "value"}:
+        try:
+            return ("value", decode(msg["value"]))
+        except CodecError as e:
+            raise ProtocolViolation(f"a reply whose value is malformed: {e}") from None
+    if msg.keys() == {"id", "error", "message"} and type(msg["error"]) is str and type(msg["message"]) is str:
+        return ("error", msg["error"][:100], msg["message"][:300])
+    raise ProtocolViolation(f"a reply to call {want} of the wrong shape")
+
+
+def _unread(fd):
+    """Whether the candidate wrote to the reply pipe out of turn (EOF is not a write)."""
+    try:
+        if not select.select([fd], [], [], 0)[0]:
+            return False
+        return bool(os.read(fd, 1))
+    except OSError:
+        return False
+
+
+def judge_main(fd_req=FD_REQUESTS, fd_rep=FD_REPLIES):
     payload = json.loads(sys.stdin.read())
     per_test = float(payload["per_test_seconds"])
     results = []
-    state = {"deadline": None, "dead": None}
+    state = {"deadline": None, "dead": None, "violation": None, "id": 0}
+
+    def violated(why):
+        state["violation"] = why
+        state["dead"] = "protocol violation"
+        return CandidateGone("protocol violation: the candidate wrote " + why)
 
     def call(name):
         def proxy(*args, **kwargs):
             if state["dead"]:
                 raise CandidateGone(state["dead"])
+            if _unread(fd_rep):
+                raise violated("to the reply pipe between calls")
+            state["id"] += 1
             try:
-                send(fd_req, {"fn": name, "args": encode(list(args)), "kwargs": encode(kwargs)})
-                reply = recv(fd_rep, state["deadline"])
+                send(fd_req, {"id": state["id"], "fn": name, "args": encode(list(args)), "kwargs": encode(kwargs)})
+                reply = _check_reply(recv(fd_rep, state["deadline"]), state["id"])
             except TimeoutError:
                 state["dead"] = "the candidate timed out earlier"
                 raise CandidateTimeout(f"no answer within {per_test:g}s") from None
             except (EOFError, BrokenPipeError, OSError):
                 state["dead"] = "the candidate process exited"
                 raise CandidateGone("the candidate process exited") from None
-            if "error" in reply:
-                exc = getattr(builtins, str(reply["error"]), None)
-                if not (isinstance(exc, type) and issubclass(exc, Exception)):
-                    exc = RuntimeError
-                raise exc(f"{reply['error']}: {reply.get('message', '')}")
-            return decode(reply["value"])
+            except ProtocolViolation as e:
+                raise violated(str(e)) from None
+            if reply[0] == "error":
+                raise _raised_in_candidate(reply[1], reply[2])
+            return reply[1]
 
         proxy.__name__ = name
         return proxy
@@ -207,15 +322,14 @@ def judge_main(fd_req, fd_rep):
     # Wait for the worker to load the program
     load_error = None
     try:
-        hello = recv(fd_rep, time.monotonic() + float(payload["load_seconds"]))
-        if "load_error" in hello:
-            load_error = str(hello["load_error"])
-        elif hello != {"loaded": True}:
-            load_error = "the candidate process sent an unexpected message while loading"
+        load_error = _check_hello(recv(fd_rep, time.monotonic() + float(payload["load_seconds"])))
     except TimeoutError:
         load_error = f"the program did not finish loading within {payload['load_seconds']}s"
-    except (EOFError, OSError, CodecError, ValueError):
+    except (EOFError, OSError):
         load_error = "the candidate process exited while loading the program"
+    except ProtocolViolation as e:
+        violated(str(e))
+        load_error = "protocol violation"
 
     ns = {"__name__": "__judge__"}
     if load_error is None:
@@ -238,16 +352,282 @@ def judge_main(fd_req, fd_rep):
         except BaseException as e:
             msg = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             results.append({"name": test["name"], "passed": False, "timed_out": False, "error": msg[:300]})
-    out = json.dumps({"load_error": load_error, "tests": results})
+    if state["violation"] is None and load_error is None and _unread(fd_rep):
+        violated("to the reply pipe after the last call")
+    out = json.dumps({"load_error": load_error, "tests": results, "protocol_violation": state["violation"]})
     sys.stdout.write(out)
     sys.stdout.flush()
 
 
+# -- the launcher ----------------------------------------------------------------------------
+
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 0x1000, 0x4000, 1 << 18
+_MNT_DETACH = 2
+_CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
+
+
+class _Sys:
+    """The few syscalls os does not offer (unshare only arrives in 3.12)."""
+
+    def __init__(self):
+        import ctypes
+
+        self.ctypes = ctypes
+        self.libc = ctypes.CDLL(None, use_errno=True)  # the interpreter's own libc: no ctypes.util lookup
+        self.libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+
+    def check(self, ret, what):
+        if ret != 0:
+            e = self.ctypes.get_errno()
+            raise OSError(e, f"{what}: {os.strerror(e)}")
+
+    def unshare(self, flags):
+        self.check(self.libc.unshare(flags), f"unshare({flags:#x})")
+
+    def mount(self, src, dst, fstype, flags, opts=None):
+        def enc(s):
+            return None if s is None else s.encode()
+
+        self.check(self.libc.mount(enc(src), enc(dst), enc(fstype), flags, enc(opts)), f"mount {dst}")
+
+    def pivot_root(self, new, old):
+        nr = _SYS_PIVOT_ROOT.get(os.uname().machine)
+        if nr is None:
+            raise OSError(0, f"pivot_root: unknown syscall number on {os.uname().machine}")
+        self.check(self.libc.syscall(nr, new.encode(), old.encode()), "pivot_root")
+
+    def umount2(self, path, flags):
+        self.check(self.libc.umount2(path.encode(), flags), f"umount {path}")
+
+
+def _build_view(sysc, cfg):
+    """Mount the run's whole file system: a read-only tmpfs root holding only what the plan
+    names (the interpreter, its standard library and shared libraries, a few devices), an empty
+    cover over every site-packages inside them, a private /tmp, then pivot into it."""
+    root = cfg["root"]
+    sysc.mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing we mount reaches the host
+    sysc.mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
+    for op in cfg["view"]:
+        kind, path = op[0], op[1]
+        at = root + path
+        if kind == "bind":  # ("bind", path, is_dir): read-only, nosuid, nodev
+            os.makedirs(os.path.dirname(at), 0o755, exist_ok=True)
+            if op[2]:
+                os.makedirs(at, 0o755, exist_ok=True)
+            else:
+                os.close(os.open(at, os.O_WRONLY | os.O_CREAT, 0o644))
+            sysc.mount(path, at, None, _MS_BIND)
+            sysc.mount(None, at, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+        elif kind == "dev":  # a character device: read-write, nosuid, noexec
+            os.makedirs(os.path.dirname(at), 0o755, exist_ok=True)
+            os.close(os.open(at, os.O_WRONLY | os.O_CREAT, 0o644))
+            sysc.mount(path, at, None, _MS_BIND)
+            sysc.mount(None, at, None, _MS_REMOUNT | _MS_BIND | _MS_NOSUID | _MS_NOEXEC)
+        elif kind == "cover":  # an empty read-only directory over what the path held
+            sysc.mount("tmpfs", at, "tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "size=4k,mode=0755")
+        elif kind == "link":  # ("link", path, target): the host's symlink, so that paths resolve the same
+            os.makedirs(os.path.dirname(at), 0o755, exist_ok=True)
+            os.symlink(op[2], at)
+        else:
+            raise ValueError(f"unknown view step {kind!r}")
+    os.makedirs(root + "/tmp", 0o755, exist_ok=True)
+    os.makedirs(root + "/proc", 0o555, exist_ok=True)
+    sysc.mount("tmpfs", root + "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, cfg["tmp"])
+    sysc.mount(None, root, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+    # pivot_root(".", ".") stacks the old root under the new one; detaching it leaves no path back
+    os.chdir(root)
+    sysc.pivot_root(".", ".")
+    sysc.umount2(".", _MNT_DETACH)
+    os.chdir("/")
+
+
+def _monitor(child):
+    """The launcher's half outside the PID namespace: wait for pid 1, exit the way it did; on
+    SIGTERM (the sandbox ending the run) kill it first. Never returns."""
+    import signal
+
+    try:
+        os.closerange(3, 1 << 16)  # the pipes included: the judge must see EOF when pid 1 dies
+        signal.signal(signal.SIGTERM, lambda *_: os.kill(child, signal.SIGKILL))
+        while True:
+            try:
+                _, status = os.waitpid(child, 0)
+                break
+            except InterruptedError:
+                continue
+        code = os.waitstatus_to_exitcode(status)
+        if code < 0:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            signal.signal(-code, signal.SIG_DFL)
+            os.kill(os.getpid(), -code)
+        os._exit(code if code >= 0 else 128 - code)
+    finally:
+        os._exit(1)
+
+
+def launch(cfg):
+    """Set this fresh process up as `cfg` says, then become ``cfg["role"]``. A failure before the
+    role starts is written to the status pipe (which the candidate never sees) and exits 121."""
+    import fcntl
+    import resource
+    import signal
+
+    def lift(fd):  # above 10, so that moving the pipes to 3 and 4 cannot overwrite one of them
+        new = fcntl.fcntl(fd, fcntl.F_DUPFD, 10)
+        os.close(fd)
+        return new
+
+    status = lift(cfg["status_fd"])
+    step = "start"
+    try:
+        # until the monitor knows its child, SIGTERM from the sandbox must simply end us
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(121))
+        pipes = [lift(fd) for fd in cfg["fds"]]
+        if cfg["cgroup"]:
+            step = "join the run's memory cgroup"
+            with open(cfg["cgroup"], "w") as f:
+                f.write(str(os.getpid()))
+        sysc = _Sys() if (cfg["unshare"] or cfg["root"]) else None
+        if cfg["unshare"]:
+            step = "unshare namespaces"
+            sysc.unshare(cfg["unshare"])
+        if cfg["root"]:
+            step = "build the file view"
+            _build_view(sysc, cfg)
+        if cfg["unshare"] & _CLONE_NEWPID:
+            # The process the sandbox started stays outside as a small monitor; its child is pid 1
+            # of the fresh PID namespace and runs the role. When pid 1 dies the kernel kills and
+            # reaps everything else in the namespace: no orphan or zombie outlives the run.
+            step = "fork pid 1"
+            child = os.fork()
+            if child:
+                _monitor(child)
+            step = "mount /proc"
+            sysc.mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if pipes:
+            os.dup2(pipes[0], FD_REQUESTS)
+            os.dup2(pipes[1], FD_REPLIES)
+            for fd in pipes:
+                os.close(fd)
+        step = "set limits"
+        for res, soft, hard in cfg["rlimits"]:
+            resource.setrlimit(res, (soft, hard))
+        if cfg["uid"] >= 0:
+            step = "switch user"
+            os.setgroups([])
+            os.setgid(cfg["uid"])
+            os.setuid(cfg["uid"])
+            if os.getuid() != cfg["uid"] or os.geteuid() != cfg["uid"]:
+                raise OSError(0, "the uid did not change")
+        step = "enter home"
+        os.chdir(cfg["home"])
+        os.umask(0o077)
+    except BaseException as e:
+        _report(status, f"{step}: {type(e).__name__}: {e}")
+        os._exit(121)
+    sys.argv[:] = [""]
+    role = cfg["role"]
+    if role == "program":
+        os.set_inheritable(status, False)  # closed by a successful exec: EOF means started
+        try:
+            os.execv(cfg["python"], [cfg["python"], "-s", "-P", "-"])
+        except OSError as e:
+            _report(status, f"exec {cfg['python']}: {e}")
+            os._exit(121)
+    os.write(status, b"ok")
+    os.close(status)
+    if role == "worker":
+        if cfg["root"]:
+            import site  # the normal start-up, now that every site-packages in view is empty
+
+            site.main()
+        worker_main()
+    elif role == "judge":
+        judge_main()
+    else:
+        _report(2, f"unknown role {role!r}")
+        os._exit(2)
+
+
+def _report(fd, text):
+    try:
+        os.write(fd, text.encode(errors="replace")[:4000])
+    except OSError:
+        pass
+
+
+def probe_main():
+    """Which isolation this machine allows: each step tried in a forked child, one line each."""
+    for name, flags in (("netns", _CLONE_NEWNET), ("mountns", _CLONE_NEWNS), ("pidns", _CLONE_NEWPID), ("setuid", 0)):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            try:
+                if flags:
+                    _Sys().unshare(flags)
+                else:
+                    os.setgroups([])
+                    os.setgid(int(sys.argv[2]))
+                    os.setuid(int(sys.argv[2]))
+                os._exit(0)
+            except BaseException as e:
+                _report(w, f"{type(e).__name__}: {e}")
+                os._exit(1)
+        os.close(w)
+        why = b""
+        while chunk := os.read(r, 4096):
+            why += chunk
+        os.close(r)
+        _, st = os.waitpid(pid, 0)
+        ok = os.waitstatus_to_exitcode(st) == 0
+        sys.stdout.write(f"{name}\t{'ok' if ok else why.decode(errors='replace') or 'failed'}\n")
+
+
+def kill_main(uid):
+    """As `uid`, SIGKILL every process of `uid` (kill(-1) reaches exactly those)."""
+    import signal
+
+    if uid <= 0:
+        sys.exit("refusing to kill every process of root")
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+    if os.getuid() != uid or os.geteuid() != uid:  # kill(-1) from root would signal everything
+        sys.exit("the uid did not change")
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 if __name__ == "__main__":
     role = sys.argv[1]
-    if role == "worker":
-        worker_main(int(sys.argv[2]), int(sys.argv[3]))
-    elif role == "judge":
-        judge_main(int(sys.argv[2]), int(sys.argv[3]))
+    if role == "launch":
+        import marshal
+
+        launch(marshal.loads(bytes.fromhex(sys.argv[2])))
+    elif role == "probe":
+        probe_main()
+    elif role == "kill":
+        kill_main(int(sys.argv[2]))
+    elif role in ("worker", "judge"):
+        # as a plain script (the E2B VM): the pipes given by number are moved to 3 and 4
+        # and the numbers closed, so the candidate cannot read a usable one from argv
+        a, b = int(sys.argv[2]), int(sys.argv[3])
+        a2, b2 = os.dup(a), os.dup(b)
+        os.close(a)
+        os.close(b)
+        os.dup2(a2, FD_REQUESTS)
+        os.dup2(b2, FD_REPLIES)
+        os.close(a2)
+        os.close(b2)
+        sys.argv[:] = [sys.argv[0]]
+        worker_main() if role == "worker" else judge_main()
     else:
         sys.exit(f"unknown role {role!r}")

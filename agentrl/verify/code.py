@@ -71,6 +71,12 @@ class CodeVerifier:
         return self.verdict(task, result)
 
     def verdict(self, task: CodeTask, result: TestRunResult) -> Verdict:
+        details = {"tests": result.tests, "stdout": result.stdout, "stderr": result.stderr, "isolation": result.isolation}
+        if result.protocol_violation:
+            # it wrote something to the judge's pipe that is not a reply: no test result can be
+            # trusted, and trying must never pay (nor stop the run: this is a score, not an error)
+            details["protocol_violation"] = result.protocol_violation
+            return Verdict(0.0, f"protocol violation: the candidate wrote {result.protocol_violation[:200]}", details)
         scored = [t for t, case in zip(result.tests, task.tests) if not case.setup]
         failed_setup = [t for t, case in zip(result.tests, task.tests) if case.setup and not t.passed]
         n_ok = sum(t.passed for t in scored)
@@ -89,7 +95,6 @@ class CodeVerifier:
             reason += "; killed for writing too much output"
         if result.timed_out:
             reason += "; wall-clock limit reached"
-        details = {"tests": result.tests, "stdout": result.stdout, "stderr": result.stderr, "isolation": result.isolation}
         return Verdict(score, reason, details)
 
     def verify_many(self, tasks: Sequence[CodeTask], answers: Sequence[str], workers: int | None = None) -> list[Verdict]:

@@ -52,7 +52,8 @@ class E2BSandbox:
         self.limits = limits or Limits()
         self.api_key = api_key or os.environ["E2B_API_KEY"]
         self.template = template
-        self.isolation = Isolation(True, True, True, ("isolated by an E2B micro-VM",))
+        # the VM bounds the memory of all the run's processes together
+        self.isolation = Isolation(True, True, True, memory_per_run=True, reasons=("isolated by an E2B micro-VM",))
 
     @staticmethod
     def available(api_key: str | None = None) -> tuple[bool, str]:
@@ -125,4 +126,5 @@ class E2BSandbox:
         except ValueError:
             raise SandboxError(f"the E2B judge failed (exit {code_}) without a report: {err[-800:]}") from None
         outcomes = tuple(TestOutcome(r["name"], bool(r["passed"]), bool(r["timed_out"]), r["error"]) for r in report["tests"])
-        return TestRunResult(outcomes, report["load_error"], cand_out, "", False, False, time.monotonic() - t0, self.isolation)
+        return TestRunResult(outcomes, report["load_error"], cand_out, "", False, False, time.monotonic() - t0, self.isolation,
+                             protocol_violation=report.get("protocol_violation"))

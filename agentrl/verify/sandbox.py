@@ -10,12 +10,22 @@
 
 What each run gets, and why:
 
-- **a process of its own** (``python -s -P``: no user site, no script dir on ``sys.path``) with a
-  scrubbed environment that we write ourselves (no variable of the parent is inherited). We do not
-  use ``-I`` because its ``-E`` would also ignore ``PYTHONHASHSEED=0``, which keeps set order, and so
-  verdicts, deterministic.
-- **resource limits** (``setrlimit`` before exec): CPU seconds, address space, file size, open files,
-  processes, no core dumps; plus a wall-clock deadline after which the whole process group is killed.
+- **a file system of its own** (a mount namespace whose root is a read-only tmpfs): the
+  interpreter, its standard library and the shared libraries they load, bound read-only; an empty
+  directory over every ``site-packages`` among them; ``/dev/null``, ``zero``, ``full``,
+  ``random``, ``urandom``; its own ``/proc``; a fresh size-limited tmpfs as ``/tmp`` (its cwd and
+  ``HOME``), the only place it can write. Nothing else exists there: not site-packages (where
+  HumanEval's data file, with the hidden tests, lives), not the project checkout, not ``$HOME``,
+  not ``/run`` or the host's ``/tmp`` (so no host Unix socket can be reached). ``expose=`` adds
+  host paths read-only for tasks that need them (numpy, say).
+- **a process of its own**, started by the *launcher* in `_harness.py` (``vfork`` + ``exec``,
+  then the set-up in the fresh single-threaded process; no ``preexec_fn``, which is unsafe in a
+  thread pool), with a scrubbed environment that we write ourselves. ``-s -P``: no user site, no
+  script dir on ``sys.path``; not ``-I``, whose ``-E`` would also ignore ``PYTHONHASHSEED=0``,
+  which keeps set order, and so verdicts, deterministic.
+- **resource limits**: CPU seconds, address space, file size, open files, processes, no core
+  dumps per process; a **memory limit for the whole run** (a cgroup, v2 or v1: a run that forks
+  cannot multiply its memory); and a wall-clock deadline after which everything is killed.
 - **an unprivileged user of its own** when the parent is root: a fresh uid per run. Root ignores
   ``RLIMIT_NPROC``; a fresh uid does not, and it starts with zero processes, so a fork bomb stops at
   ``max_processes``. After the run every process of that uid is killed (``kill(-1)`` from that uid),
@@ -23,23 +33,24 @@ What each run gets, and why:
 - **its own network namespace** (no interfaces but a downed loopback): no connection can be made.
 - **its own PID namespace** (and /proc): it sees no other process, and when its first process
   exits the kernel kills and reaps every process it left behind (no zombies, no orphans).
-- **its own mount namespace** with a fresh, size-limited tmpfs as ``/tmp`` (its cwd and ``HOME``) and
-  the other world-writable directories (``/var/tmp``, ``/dev/shm``, ``/run/lock``) covered read-only,
-  so that the tmpfs is the only place it can write (everything else belongs to other users).
 - **output capped while reading**: past ``max_output_bytes`` the process is killed, not drained.
 
-Where the OS refuses a namespace (not root, no ``CAP_SYS_ADMIN``), the run still happens, and
-``result.isolation`` says exactly what was not isolated and why.
+Where the OS refuses something (not root, no ``CAP_SYS_ADMIN``, no writable memory cgroup), the run
+still happens, and ``result.isolation`` says exactly what was not isolated and why.
 
-Tests (`run_tests`) run in a second process, the *judge*, under another uid; see ``_harness.py``.
+Tests (`run_tests`) run in a second process, the *judge*, under another uid and in the same kind
+of file view; see ``_harness.py``. Whatever the candidate writes to the pipes that is not a valid
+reply is a *protocol violation* (``result.protocol_violation``): the run scores 0, never an error.
 """
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures as cf
-import ctypes
-import ctypes.util
+import errno
+import itertools
 import json
+import marshal
 import os
 import resource
 import secrets
@@ -74,10 +85,10 @@ _HARNESS = (Path(__file__).with_name("_harness.py")).read_text()
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWNET = 0x40000000
 _CLONE_NEWPID = 0x20000000
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
-_MS_BIND, _MS_REC, _MS_PRIVATE = 0x1000, 0x4000, 1 << 18
-_SHARED_WRITABLE = ("/var/tmp", "/dev/shm", "/run/lock", "/var/lock", "/dev/mqueue")
 _UID_LO, _UID_SPAN = 200_000, 1 << 20  # fresh uids are drawn from [200000, 200000 + 2**20)
+_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+_DEV_LINKS = (("/dev/fd", "/proc/self/fd"), ("/dev/stdin", "/proc/self/fd/0"), ("/dev/stdout", "/proc/self/fd/1"),
+              ("/dev/stderr", "/proc/self/fd/2"))
 
 
 class SandboxError(RuntimeError):
@@ -92,6 +103,7 @@ class Limits:
     per_test_seconds: float = 3.0  # one test's calls into the candidate
     cpu_seconds: int = 10  # RLIMIT_CPU, per process
     memory_mb: int = 1024  # RLIMIT_AS, per process (virtual memory)
+    run_memory_mb: int = 1024  # memory cgroup: resident memory of all the run's processes together
     max_processes: int = 8  # RLIMIT_NPROC for the run's own uid (threads count)
     max_file_mb: int = 16  # RLIMIT_FSIZE: largest file it can write
     disk_mb: int = 32  # size of its private /tmp
@@ -102,16 +114,21 @@ class Limits:
 
 @dataclass(frozen=True)
 class Isolation:
-    """What the OS let us isolate for this run, with the reason for anything missing."""
+    """What the OS let us isolate for this run, with the reason for anything missing.
+
+    ``filesystem_isolated``: the run sees only the minimal file view (see the module docstring);
+    ``memory_per_run``: one memory limit holds for all of the run's processes together (else
+    ``memory_mb`` holds per process, and a run that forks can use that much per process)."""
 
     network_isolated: bool
     filesystem_isolated: bool
     user_isolated: bool
+    memory_per_run: bool = False
     reasons: tuple[str, ...] = ()
 
     @property
     def complete(self) -> bool:
-        return self.network_isolated and self.filesystem_isolated and self.user_isolated
+        return self.network_isolated and self.filesystem_isolated and self.user_isolated and self.memory_per_run
 
 
 @dataclass(frozen=True)
@@ -149,7 +166,11 @@ class TestOutcome:
 
 @dataclass(frozen=True)
 class TestRunResult:
-    """The outcome of `run_tests`: per-test results, load error, the candidate's trimmed output."""
+    """The outcome of `run_tests`: per-test results, load error, the candidate's trimmed output.
+
+    ``protocol_violation`` says what the candidate wrote to the judge's pipe that was not a valid
+    reply (a forged frame, a message nested 100,000 deep); then no result can be trusted and the
+    run counts as failed, whatever the tests say."""
 
     tests: tuple[TestOutcome, ...]
     load_error: str | None
@@ -159,15 +180,16 @@ class TestRunResult:
     output_limited: bool
     wall_seconds: float
     isolation: Isolation
+    protocol_violation: str | None = None
 
     @property
     def n_passed(self) -> int:
-        return sum(t.passed for t in self.tests)
+        return 0 if self.protocol_violation else sum(t.passed for t in self.tests)
 
     @property
     def passed(self) -> bool:
-        """Every test passed (and there was at least one)."""
-        return bool(self.tests) and all(t.passed for t in self.tests)
+        """Every test passed (and there was at least one), and the candidate kept to the protocol."""
+        return bool(self.tests) and not self.protocol_violation and all(t.passed for t in self.tests)
 
     def first_failure(self) -> TestOutcome | None:
         return next((t for t in self.tests if not t.passed), None)
@@ -194,80 +216,278 @@ class _Caps:
     netns: bool
     mountns: bool
     pidns: bool
+    memcg: _MemoryCgroups | None
     reasons: tuple[str, ...]
 
 
 _caps_lock = threading.Lock()
 _caps: _Caps | None = None
-_libc: Any = None
 
 
-def _load_libc() -> Any:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-    return _libc
-
-
-def _try_child(preexec: Callable[[], None]) -> str | None:
-    """Run `true` with `preexec`; None if it worked, else why not."""
-    try:
-        subprocess.run(["true"], preexec_fn=preexec, check=True, timeout=10, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        return None
-    except (subprocess.SubprocessError, OSError) as e:
-        return f"{type(e).__name__}: {e}"
+def _harness_argv(python: str, *args: str) -> list[str]:
+    # -S: site (and every .pth file in site-packages) would run before the launcher has hidden them
+    return [python, "-S", "-s", "-P", "-c", _HARNESS, *args]
 
 
 def probe_capabilities(refresh: bool = False) -> _Caps:
-    """Which isolation this process can set up (cached)."""
+    """Which isolation this process can set up (cached): one launcher run tries each step."""
     global _caps
     with _caps_lock:
         if _caps is not None and not refresh:
             return _caps
-        reasons = []
         root = os.geteuid() == 0
         if not sys.platform.startswith("linux"):
-            _caps = _Caps(root, False, False, False, False, (f"namespaces need Linux, this is {sys.platform}",))
+            why = f"namespaces and cgroups need Linux, this is {sys.platform}"
+            _caps = _Caps(root, False, False, False, False, None, (why,))
             return _caps
-        libc = _load_libc()
-
-        def unshare(flags: int) -> Callable[[], None]:
-            def fn() -> None:
-                if libc.unshare(flags) != 0:
-                    raise OSError(ctypes.get_errno(), "unshare failed")
-
-            return fn
-
-        why = _try_child(unshare(_CLONE_NEWNET))
-        netns = why is None
-        if why:
-            reasons.append(f"no network namespace (unshare(CLONE_NEWNET) failed: {why})")
-        why = _try_child(unshare(_CLONE_NEWNS))
-        mountns = why is None
-        if why:
-            reasons.append(f"no mount namespace (unshare(CLONE_NEWNS) failed: {why})")
-        why = _try_child(unshare(_CLONE_NEWPID))
-        pidns = why is None
-        if why:
-            reasons.append(f"no PID namespace (unshare(CLONE_NEWPID) failed: {why}); orphans are killed by uid instead")
-        setuid = False
-        if root:
-            uid = _UID_LO
-
-            def drop() -> None:
-                os.setgroups([])
-                os.setgid(uid)
-                os.setuid(uid)
-
-            why = _try_child(drop)
-            setuid = why is None
-            if why:
-                reasons.append(f"cannot switch to an unprivileged uid ({why})")
-        else:
-            reasons.append("not running as root: the run shares this user's uid, so RLIMIT_NPROC counts all its processes")
-        _caps = _Caps(root, setuid, netns, mountns, pidns, tuple(reasons))
+        found: dict[str, str] = {}
+        try:
+            out = subprocess.run(_harness_argv(os.path.realpath(sys.executable), "probe", str(_UID_LO)), env={}, cwd="/",
+                                 capture_output=True, text=True, timeout=30, check=False)
+            found = dict(line.split("\t", 1) for line in out.stdout.splitlines() if "\t" in line)
+            failed = "" if found else f"the probe printed nothing (exit {out.returncode}): {out.stderr[-300:]}"
+        except (OSError, subprocess.SubprocessError) as e:
+            failed = f"{type(e).__name__}: {e}"
+        reasons = []
+        ok = {k: found.get(k, failed or "not probed") == "ok" for k in ("netns", "mountns", "pidns", "setuid")}
+        if not ok["netns"]:
+            reasons.append(f"no network namespace (unshare(CLONE_NEWNET) failed: {found.get('netns', failed)})")
+        if not ok["mountns"]:
+            reasons.append(f"no mount namespace (unshare(CLONE_NEWNS) failed: {found.get('mountns', failed)}): the run sees the "
+                           "host's file system")
+        if not ok["pidns"]:
+            reasons.append(f"no PID namespace (unshare(CLONE_NEWPID) failed: {found.get('pidns', failed)}); orphans are killed "
+                           "by uid instead")
+        setuid = root and ok["setuid"]
+        if not root:
+            reasons.append("not running as root: the run shares this user's uid, so RLIMIT_NPROC counts all its processes, "
+                           "and it sees the host's file system")
+        elif not setuid:
+            reasons.append(f"cannot switch to an unprivileged uid ({found.get('setuid', failed)})")
+        memcg, why = _MemoryCgroups.find()
+        if memcg is None:
+            reasons.append(f"no memory cgroup ({why}): memory is limited per process (RLIMIT_AS), not per run")
+        _caps = _Caps(root, setuid, ok["netns"], ok["mountns"], ok["pidns"], memcg, tuple(reasons))
         return _caps
+
+
+class _MemoryCgroups:
+    """One memory cgroup per run, made under this process's own cgroup: cgroup v2 where its memory
+    controller is ours to use, else cgroup v1's memory hierarchy. The launcher joins it before it
+    runs anything, and every process the run forks is charged to it."""
+
+    def __init__(self, base: str, version: int):
+        self.base, self.version = base, version
+        self._names = itertools.count()
+        self._stale: list[str] = []
+        self._lock = threading.Lock()
+
+    @classmethod
+    def find(cls) -> tuple[_MemoryCgroups | None, str]:
+        """(a manager, "") or (None, why not)."""
+        try:
+            mounts = [line.split() for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+            mine = [line.split(":", 2) for line in Path("/proc/self/cgroup").read_text().splitlines()]
+        except OSError as e:
+            return None, f"cannot read this process's cgroups: {e}"
+        whys = []
+        for version in (2, 1):
+            for m in mounts:
+                sep = m.index("-")
+                fstype, super_opts = m[sep + 1], m[sep + 3].split(",") if len(m) > sep + 3 else []
+                if not (fstype == "cgroup2" if version == 2 else fstype == "cgroup" and "memory" in super_opts):
+                    continue
+                paths = [p for h, ctl, p in mine if (h == "0" and ctl == "" if version == 2 else "memory" in ctl.split(","))]
+                root, mnt = m[3], m[4]
+                if not paths or not (paths[0] == root or paths[0].startswith(root.rstrip("/") + "/")):
+                    whys.append(f"v{version}: this process's cgroup is outside the mount at {mnt}")
+                    continue
+                base = os.path.join(mnt, os.path.relpath(paths[0], root))
+                try:
+                    if version == 2:
+                        if "memory" not in Path(base, "cgroup.controllers").read_text().split():
+                            raise OSError(errno.ENOTSUP, f"{base} has no memory controller")
+                        if "memory" not in Path(base, "cgroup.subtree_control").read_text().split():
+                            Path(base, "cgroup.subtree_control").write_text("+memory")
+                    mgr = cls(base, version)
+                    mgr.remove(mgr.create(64 << 20))
+                    return mgr, ""
+                except (OSError, SandboxError) as e:
+                    whys.append(f"v{version} at {base}: {e}")
+        return None, "; ".join(whys) or "no cgroup v2 with a memory controller and no cgroup v1 memory hierarchy is mounted"
+
+    def create(self, limit_bytes: int) -> str:
+        """A fresh cgroup with this limit on resident memory (and swap: none beyond it); its path."""
+        path = os.path.join(self.base, f"agentrl-{os.getpid()}-{next(self._names)}")
+        try:
+            os.mkdir(path)
+            if self.version == 2:
+                Path(path, "memory.max").write_text(str(limit_bytes))
+                for name, value in (("memory.swap.max", "0"), ("memory.oom.group", "1")):
+                    if os.path.exists(os.path.join(path, name)):
+                        Path(path, name).write_text(value)
+            else:
+                Path(path, "memory.limit_in_bytes").write_text(str(limit_bytes))
+                if os.path.exists(os.path.join(path, "memory.memsw.limit_in_bytes")):
+                    Path(path, "memory.memsw.limit_in_bytes").write_text(str(limit_bytes))
+        except OSError as e:
+            self.remove(path)
+            raise SandboxError(f"could not make the run's memory cgroup {path}: {e}") from e
+        return path
+
+    def remove(self, path: str) -> None:
+        """Remove a cgroup whose processes are gone (retried briefly: the last ones may still be
+        exiting; one that stays busy is retried at the next removal)."""
+        with self._lock:
+            todo, self._stale = [path, *self._stale], []
+        for p in todo:
+            for _ in range(20):
+                try:
+                    os.rmdir(p)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as e:
+                    if e.errno != errno.EBUSY:
+                        break
+                    time.sleep(0.01)
+            else:
+                with self._lock:
+                    self._stale.append(p)
+
+
+# --------------------------------------------------------------------------------------------
+# The file view: what exists inside a run
+
+
+_VIEW_PROBE = r"""
+import json, os, site, sys, sysconfig
+paths = sysconfig.get_paths()
+cv = sysconfig.get_config_var
+print(json.dumps({
+    "stdlib": [paths["stdlib"], paths["platstdlib"]] + [p for p in sys.path if p],
+    "site": site.getsitepackages() + [paths["purelib"], paths["platlib"], site.getusersitepackages()],
+    "libpython": os.path.join(cv("LIBDIR") or "/", cv("INSTSONAME") or "") if cv("Py_ENABLE_SHARED") else "",
+    "dynload": cv("DESTSHARED") or "",
+}))
+"""
+
+_views: dict[tuple[str, tuple[str, ...]], tuple[tuple[Any, ...], ...]] = {}
+_views_lock = threading.Lock()
+
+
+def _file_view(python: str, expose: tuple[str, ...]) -> tuple[tuple[Any, ...], ...]:
+    """The steps that build a run's file system for `python` (cached per interpreter): bind
+    read-only the interpreter, its standard library and the directories of the shared libraries
+    it and its extension modules load (as ``ldd`` finds them), recreate the host's symlinks on the
+    way to them (``/lib -> usr/lib``), cover every site-packages they contain with an empty
+    directory, and add a few devices."""
+    key = (python, expose)
+    with _views_lock:
+        if key in _views:
+            return _views[key]
+    try:
+        out = subprocess.run([python, "-S", "-s", "-P", "-c", _VIEW_PROBE], env={"PATH": "/usr/bin:/bin"}, cwd="/",
+                             capture_output=True, text=True, timeout=60, check=True)
+        info = json.loads(out.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError) as e:
+        raise SandboxError(f"the sandbox could not start {python}: {type(e).__name__}: {e}") from e
+    binds: dict[str, bool] = {}  # real path -> is a directory
+    links: dict[str, str] = {}
+    binds[_resolve(python, links)] = False
+    for p in info["stdlib"]:
+        if os.path.exists(p):
+            real = _resolve(p, links)
+            binds[real] = os.path.isdir(real)
+    objects = [python] + ([info["libpython"]] if info["libpython"] and os.path.exists(info["libpython"]) else [])
+    if info["dynload"] and os.path.isdir(info["dynload"]):
+        objects += sorted(str(f) for f in Path(info["dynload"]).glob("*.so"))
+    for lib in _shared_libraries(objects):
+        binds[os.path.dirname(_resolve(lib, links))] = True
+    if os.path.isfile("/etc/ld.so.cache"):
+        binds[_resolve("/etc/ld.so.cache", links)] = False
+    for p in expose:
+        if not os.path.exists(p):
+            raise SandboxError(f"expose: {p} does not exist")
+        real = _resolve(p, links)
+        if real == "/tmp" or real.startswith("/tmp/"):
+            raise SandboxError(f"expose: {p} is under /tmp, which each run replaces with a private tmpfs")
+        binds[real] = os.path.isdir(real)
+    dirs = sorted(p for p, is_dir in binds.items() if is_dir)
+
+    def inside(p: str, d: str) -> bool:
+        return p == d or p.startswith(d.rstrip("/") + "/")
+
+    kept = [p for p in sorted(binds) if not any(inside(p, d) and p != d for d in dirs)]
+    steps: list[tuple[Any, ...]] = [("bind", p, binds[p]) for p in kept]
+    sites = {os.path.realpath(s) for s in info["site"] if os.path.isdir(s)}
+    steps += [("cover", s) for s in sorted(sites) if any(inside(s, d) for d in kept if binds[d])]
+    steps += [("dev", d) for d in _DEVICES if os.path.exists(d)]
+    # a host symlink on the way to something bound is recreated, unless a bound directory shows it already
+    steps += [("link", p, t) for p, t in sorted(links.items()) if not any(inside(p, d) for d in kept if binds[d])]
+    steps += [("link", p, t) for p, t in _DEV_LINKS]
+    plan = tuple(steps)
+    with _views_lock:
+        _views[key] = plan
+    return plan
+
+
+def _resolve(path: str, links: dict[str, str], depth: int = 0) -> str:
+    """The real path of `path`, recording each symlink met on the way (path -> target), so that
+    the run's file system can have the same links and every path resolves there as here."""
+    if depth > 40:
+        raise SandboxError(f"too many levels of symbolic links at {path}")
+    cur = "/"
+    for part in Path(os.path.abspath(path)).parts[1:]:
+        nxt = os.path.join(cur, part)
+        if os.path.islink(nxt):
+            target = os.readlink(nxt)
+            links[nxt] = target
+            cur = _resolve(os.path.normpath(os.path.join(cur, target)), links, depth + 1)
+        else:
+            cur = nxt
+    return cur
+
+
+def _shared_libraries(objects: list[str]) -> list[str]:
+    """The shared libraries (and the dynamic loader) that these ELF files load, from ``ldd``;
+    without ldd, the usual library directories."""
+    try:
+        out = subprocess.run(["ldd", *objects], env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=60,
+                             check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return [d + "/." for d in ("/lib", "/lib64", "/usr/lib", "/usr/lib64") if os.path.isdir(d)]
+    libs = set()
+    for line in out.splitlines():
+        line = line.strip()
+        if "=>" in line:
+            line = line.split("=>", 1)[1].strip()
+        path = line.split(" (", 1)[0]
+        if path.startswith("/") and " (" in line and os.path.exists(path):
+            libs.add(path)
+    return sorted(libs)
+
+
+_root_lock = threading.Lock()
+_root_dir: str | None = None
+
+
+def _staging_root() -> str:
+    """An empty directory of ours on the host where each launcher mounts its run's root tmpfs (in
+    its own mount namespace: the host sees only an empty directory)."""
+    global _root_dir
+    with _root_lock:
+        if _root_dir is None or not os.path.isdir(_root_dir):
+            _root_dir = tempfile.mkdtemp(prefix="agentrl-sandbox-root-")
+            atexit.register(_remove_dir, _root_dir)
+        return _root_dir
+
+
+def _remove_dir(path: str) -> None:
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
 
 
 # --------------------------------------------------------------------------------------------
@@ -311,8 +531,12 @@ _uids = _Uids()
 @dataclass(eq=False)
 class _Proc:
     popen: subprocess.Popen[bytes]
+    role: str
     uid: int | None
     workdir: str | None
+    status: int  # read end of the launcher's status pipe
+    cgroup: str | None
+    monitored: bool  # the Popen'd process is a monitor outside a PID namespace
     out: bytearray = field(default_factory=bytearray)
     err: bytearray = field(default_factory=bytearray)
 
@@ -322,21 +546,27 @@ class LocalSandbox:
 
     ``require_isolation=True`` makes a run raise `SandboxError` instead of running with less
     isolation than this OS could give when privileged (use it in production training).
+    ``expose`` names host paths (files or directories) every run sees read-only, beyond the
+    interpreter and its standard library: a task's data, a package its tests import.
     """
 
-    def __init__(self, limits: Limits | None = None, python: str | None = None, require_isolation: bool = False):
+    def __init__(self, limits: Limits | None = None, python: str | None = None, require_isolation: bool = False,
+                 expose: Sequence[str] = ()):
         self.limits = limits or Limits()
-        # the real interpreter, not a virtualenv's link to it: a venv under /tmp would be hidden by
-        # the run's private /tmp (the sandboxed code and the judge need only the standard library)
+        # the real interpreter, not a virtualenv's link to it: the run sees neither the venv nor
+        # its site-packages (and a venv under /tmp would be hidden by the run's private /tmp)
         self.python = os.path.realpath(python or sys.executable)
+        self.expose = tuple(os.path.abspath(p) for p in expose)
         self.caps = probe_capabilities()
-        if self.caps.mountns and self.caps.setuid and Path(self.python).is_relative_to("/tmp"):
+        self._view = self.caps.mountns and self.caps.setuid  # the view needs root, and a uid to drop to
+        if self._view and Path(self.python).is_relative_to("/tmp"):
             raise SandboxError(f"the sandbox's interpreter {self.python} lives under /tmp, which each run replaces with a private "
                                "tmpfs; pass python= an interpreter outside /tmp")
         self.isolation = Isolation(
             network_isolated=self.caps.netns,
-            filesystem_isolated=self.caps.mountns and self.caps.setuid,
+            filesystem_isolated=self._view,
             user_isolated=self.caps.setuid,
+            memory_per_run=self.caps.memcg is not None,
             reasons=self.caps.reasons,
         )
         if require_isolation and not self.isolation.complete:
@@ -355,10 +585,12 @@ class LocalSandbox:
         """Run `code` as a script (fed to ``python -`` on stdin, so the script itself reads an empty stdin)."""
         t0 = time.monotonic()
         lim = self.limits
-        proc = self._spawn([self.python, "-s", "-P", "-"], pass_fds=(), untrusted=True)
+        proc = self._spawn("program", (), untrusted=True)
         try:
             self._feed(proc, code)
-            timed_out, limited = self._pump([proc], stop=lambda: proc.popen.poll() is not None, deadline=t0 + lim.wall_seconds, cap=lim.max_output_bytes, capped=[proc])
+            self._await_started([proc], t0 + lim.wall_seconds)
+            timed_out, limited = self._pump([proc], stop=lambda: proc.popen.poll() is not None, deadline=t0 + lim.wall_seconds,
+                                            cap=lim.max_output_bytes, capped=[proc])
         finally:
             self._reap([proc])
         return RunResult(
@@ -385,9 +617,10 @@ class LocalSandbox:
         rep_r, rep_w = os.pipe()  # worker -> judge
         procs: list[_Proc] = []
         try:
-            worker = self._spawn([self.python, "-s", "-P", "-c", _HARNESS, "worker", str(req_r), str(rep_w)], pass_fds=(req_r, rep_w), untrusted=True)
+            # each side gets its ends as fds 3 (requests) and 4 (replies); see _harness.py
+            worker = self._spawn("worker", (req_r, rep_w), untrusted=True)
             procs.append(worker)
-            judge = self._spawn([self.python, "-s", "-P", "-c", _HARNESS, "judge", str(req_w), str(rep_r)], pass_fds=(req_w, rep_r), untrusted=False)
+            judge = self._spawn("judge", (req_w, rep_r), untrusted=False)
             procs.append(judge)
         except BaseException:
             self._reap(procs)
@@ -405,16 +638,19 @@ class LocalSandbox:
         try:
             self._feed(worker, program)
             self._feed(judge, json.dumps(payload))
+            self._await_started(procs, t0 + lim.wall_seconds)
             timed_out, limited = self._pump(
                 procs, stop=lambda: judge.popen.poll() is not None, deadline=t0 + lim.wall_seconds, cap=lim.max_output_bytes, capped=[worker]
             )
         finally:
             self._reap(procs)
         wall = time.monotonic() - t0
+        violation = None
         try:
             report = json.loads(bytes(judge.out).decode())
             outcomes = tuple(TestOutcome(r["name"], bool(r["passed"]), bool(r["timed_out"]), r["error"]) for r in report["tests"])
             load_error = report["load_error"]
+            violation = report.get("protocol_violation")
         except (ValueError, KeyError, TypeError):
             if timed_out:
                 # the judge waits at most per_test_seconds per test, so a wall timeout means the
@@ -435,6 +671,7 @@ class LocalSandbox:
             output_limited=limited,
             wall_seconds=wall,
             isolation=self.isolation,
+            protocol_violation=violation,
         )
 
     # -- internals -----------------------------------------------------------------------------
@@ -444,91 +681,89 @@ class LocalSandbox:
         text = bytes(data).decode(errors="replace")
         return text if len(text) <= n else text[:n] + f"\n... [truncated {len(text) - n} more characters]"
 
-    def _spawn(self, argv: list[str], pass_fds: tuple[int, ...], untrusted: bool) -> _Proc:
+    def _spawn(self, role: str, pipes: tuple[int, ...], untrusted: bool) -> _Proc:
+        """Start the launcher for `role`; it sets itself up (see `_harness.launch`) while we go on."""
         lim, caps = self.limits, self.caps
+        view = _file_view(self.python, self.expose) if self._view else None
         uid = _uids.take() if caps.setuid else None
-        private_fs = untrusted and caps.mountns and uid is not None
-        workdir = None
-        if not private_fs:
-            workdir = tempfile.mkdtemp(prefix="agentrl-sandbox-")
-            if uid is not None:
-                os.chown(workdir, uid, uid)
-        home = "/tmp" if private_fs else workdir
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
-               "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
-        nproc = lim.max_processes
-        if uid is None:
-            # sharing our uid: NPROC counts all our processes, so allow that many more
-            nproc += _count_processes(os.getuid())
-        rlimits = [
-            (resource.RLIMIT_CPU, (lim.cpu_seconds, lim.cpu_seconds + 1)),
-            (resource.RLIMIT_AS, (lim.memory_mb << 20,) * 2),
-            (resource.RLIMIT_FSIZE, (lim.max_file_mb << 20,) * 2),
-            (resource.RLIMIT_NOFILE, (lim.max_open_files,) * 2),
-            (resource.RLIMIT_NPROC, (nproc,) * 2),
-            (resource.RLIMIT_CORE, (0, 0)),
-        ]
-        mount_ns = caps.mountns and uid is not None  # both roles: the interpreter must be reachable
-        pid_ns = untrusted and mount_ns and caps.pidns
-        flags = (_CLONE_NEWNET if (untrusted and caps.netns) else 0) | (_CLONE_NEWNS if mount_ns else 0) | (_CLONE_NEWPID if pid_ns else 0)
-        libc = _load_libc() if flags else None
-        tmpfs_opts = f"size={lim.disk_mb}m,mode=0700,uid={uid},gid={uid}".encode()
-        covered = [p.encode() for p in _SHARED_WRITABLE if os.path.isdir(p) and not os.path.islink(p)] if private_fs else []
-        reveal = _hidden_ancestors(self.python) if mount_ns else {}
-
-        def mount(src: bytes | None, dst: bytes, fstype: bytes | None, mflags: int, opts: bytes | None, what: str) -> None:
-            if libc.mount(src, dst, fstype, mflags, opts) != 0:
-                raise OSError(ctypes.get_errno(), f"{what} ({dst.decode()})")
-
-        def preexec() -> None:
-            # Runs in the forked child before exec: keep it to syscalls (no imports, no locks).
-            if flags and libc.unshare(flags) != 0:
-                raise OSError(ctypes.get_errno(), f"unshare({flags:#x})")
-            if mount_ns:
-                mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None, "make mounts private")
-                # The interpreter may live under a directory others cannot enter (/root/.pyenv):
-                # cover that directory with an empty tmpfs and bind back only the interpreter's
-                # part of it, which also hides the rest (keys, configs) from the run.
-                for parent, children in reveal.items():
-                    fds = [os.open(c, os.O_PATH | os.O_CLOEXEC) for c in children]
-                    mount(b"tmpfs", parent.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"size=64k,mode=0755", "cover a private directory")
-                    for c, fd in zip(children, fds):
-                        os.mkdir(c, 0o755)
-                        mount(f"/proc/self/fd/{fd}".encode(), c.encode(), None, _MS_BIND | _MS_REC, None, "bind the interpreter back")
-                        os.close(fd)
-            if private_fs:
-                mount(b"tmpfs", b"/tmp", b"tmpfs", _MS_NOSUID | _MS_NODEV, tmpfs_opts, "mount a private /tmp")
-                for path in covered:
-                    mount(b"tmpfs", path, b"tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, b"size=4k,mode=0755", "cover a shared writable directory")
-            if pid_ns:
-                # The process Popen started stays outside as a small monitor; its child is pid 1 of a
-                # fresh PID namespace and runs the code. When pid 1 dies the kernel kills and reaps
-                # everything else in the namespace: no orphan or zombie outlives the run.
-                child = os.fork()
-                if child:
-                    _monitor(child)
-                mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None, "mount /proc of the new PID namespace")
-            for res, val in rlimits:
-                resource.setrlimit(res, val)
-            if uid is not None:
-                os.setgroups([])
-                os.setgid(uid)
-                os.setuid(uid)
-            os.chdir(home)
-            os.umask(0o077)
-
+        workdir = cgroup = None
+        status_r = status_w = -1
         try:
+            if view is None:
+                workdir = tempfile.mkdtemp(prefix="agentrl-sandbox-")
+                if uid is not None:
+                    os.chown(workdir, uid, uid)
+            home = "/tmp" if view is not None else workdir
+            env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
+                   "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
+            nproc = lim.max_processes
+            if uid is None:
+                # sharing our uid: NPROC counts all our processes, so allow that many more
+                nproc += _count_processes(os.getuid())
+            # the judge's CPU is bounded by the wall clock (the candidate must not be able to make it
+            # run out of CPU seconds decoding replies: that would be our failure, not its)
+            cpu = lim.cpu_seconds if untrusted else max(lim.cpu_seconds, int(lim.wall_seconds) + 5)
+            rlimits = [
+                (resource.RLIMIT_CPU, cpu, cpu + 1),
+                (resource.RLIMIT_AS, lim.memory_mb << 20, lim.memory_mb << 20),
+                (resource.RLIMIT_FSIZE, lim.max_file_mb << 20, lim.max_file_mb << 20),
+                (resource.RLIMIT_NOFILE, lim.max_open_files, lim.max_open_files),
+                (resource.RLIMIT_NPROC, nproc, nproc),
+                (resource.RLIMIT_CORE, 0, 0),
+            ]
+            pid_ns = untrusted and view is not None and caps.pidns
+            flags = (_CLONE_NEWNET if (untrusted and caps.netns) else 0) | (_CLONE_NEWNS if view is not None else 0) | (
+                _CLONE_NEWPID if pid_ns else 0)
+            if untrusted and caps.memcg is not None:
+                cgroup = caps.memcg.create(lim.run_memory_mb << 20)
+            status_r, status_w = os.pipe()
+            cfg = {
+                "role": role, "python": self.python, "status_fd": status_w, "fds": list(pipes),
+                "cgroup": os.path.join(cgroup, "cgroup.procs") if cgroup else "", "unshare": flags,
+                "root": _staging_root() if view is not None else "", "view": list(view or ()),
+                "tmp": f"size={lim.disk_mb}m,mode=0700,uid={uid},gid={uid}", "rlimits": rlimits,
+                "uid": -1 if uid is None else uid, "home": home,
+            }
             popen = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd="/",
-                pass_fds=pass_fds, close_fds=True, start_new_session=True, preexec_fn=preexec,
+                _harness_argv(self.python, "launch", marshal.dumps(cfg).hex()), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, env=env, cwd="/", pass_fds=(*pipes, status_w), close_fds=True, start_new_session=True,
             )
-        except (OSError, subprocess.SubprocessError) as e:
+        except BaseException as e:
+            for fd in (status_r, status_w):
+                if fd >= 0:
+                    os.close(fd)
             if uid is not None:
                 _uids.give(uid)
             if workdir:
                 shutil.rmtree(workdir, ignore_errors=True)
-            raise SandboxError(f"the sandbox could not start {argv[0]} (uid {uid}, namespaces {flags:#x}): {type(e).__name__}: {e}") from e
-        return _Proc(popen, uid, workdir)
+            if cgroup and caps.memcg is not None:
+                caps.memcg.remove(cgroup)
+            if isinstance(e, (OSError, subprocess.SubprocessError)):
+                raise SandboxError(f"the sandbox could not start {self.python} (uid {uid}): {type(e).__name__}: {e}") from e
+            raise
+        os.close(status_w)
+        return _Proc(popen, role, uid, workdir, status_r, cgroup, monitored=pid_ns)
+
+    def _await_started(self, procs: list[_Proc], deadline: float) -> None:
+        """Wait until each launcher has finished setting up: its status pipe says "ok" (a role in
+        the harness) or closes empty (exec'd the interpreter). Anything else is the sandbox's own
+        failure. The candidate never holds this pipe, so it cannot fake either answer."""
+        for p in procs:
+            data = b""
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise SandboxError(f"the sandbox's {p.role} did not finish setting up before the wall-clock limit")
+                ready, _, _ = _select([p.status], left)
+                if not ready:
+                    continue
+                chunk = os.read(p.status, 4096)
+                if not chunk:
+                    break
+                data += chunk
+            if data != (b"" if p.role == "program" else b"ok"):
+                raise SandboxError(f"the sandbox could not set up the {p.role} ({self.python}, uid {p.uid}): "
+                                   f"{data.decode(errors='replace') or 'the launcher exited without a word'}")
 
     @staticmethod
     def _feed(proc: _Proc, text: str) -> None:
@@ -602,51 +837,52 @@ class LocalSandbox:
             sel.close()
         return timed_out, limited
 
-    @staticmethod
-    def _reap(procs: list[_Proc]) -> None:
-        """Kill every process the run started: first every process of its uid (which, with a PID
-        namespace, is its pid 1: the kernel then kills the rest), then the process group; then
-        wait, so that the monitor reaps pid 1 and nothing is left, not even a zombie."""
+    def _reap(self, procs: list[_Proc]) -> None:
+        """Kill every process the run started and wait until none is left, not even a zombie.
+        A monitor (outside a PID namespace) gets SIGTERM and kills its pid 1 itself, which makes
+        the kernel kill the rest of the namespace; any other launcher is killed with its process
+        group. Then whatever still runs as the run's uid (a child that left the group with setsid,
+        where there is no PID namespace) is killed from that uid."""
         for p in procs:
-            if p.uid is not None:
-                _kill_uid(p.uid, settle=0)  # our own child is among them until we wait for it below
-            _killpg(p.popen.pid)
+            if p.monitored:
+                try:
+                    os.kill(p.popen.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            else:
+                _killpg(p.popen.pid)  # before waiting: until we reap the leader its group id cannot be reused
         for p in procs:
             try:
                 p.popen.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                pass
+                _killpg(p.popen.pid)
+                try:
+                    p.popen.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
             if p.uid is not None:
-                _kill_uid(p.uid)
+                _kill_uid(p.uid, self.python)
                 _uids.give(p.uid)
+            if p.cgroup and self.caps.memcg is not None:
+                self.caps.memcg.remove(p.cgroup)
             for stream in (p.popen.stdin, p.popen.stdout, p.popen.stderr):
                 if stream is not None:
                     try:
                         stream.close()
                     except OSError:
                         pass
+            try:
+                os.close(p.status)
+            except OSError:
+                pass
             if p.workdir:
                 shutil.rmtree(p.workdir, ignore_errors=True)
 
 
-def _monitor(child: int) -> None:
-    """In the forked monitor: wait for `child`, then exit the same way it did. Never returns."""
-    try:
-        os.closerange(3, 1 << 16)  # incl. subprocess's exec-error pipe: the child reports for itself
-        while True:
-            try:
-                _, status = os.waitpid(child, 0)
-                break
-            except InterruptedError:
-                continue
-        code = os.waitstatus_to_exitcode(status)
-        if code < 0:
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-            signal.signal(-code, signal.SIG_DFL)
-            os.kill(os.getpid(), -code)
-        os._exit(code if code >= 0 else 128 - code)
-    finally:
-        os._exit(1)
+def _select(fds: list[int], timeout: float) -> tuple[list[int], list[int], list[int]]:
+    import select
+
+    return select.select(fds, [], [], timeout)
 
 
 def _killpg(pid: int) -> None:
@@ -654,26 +890,6 @@ def _killpg(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _hidden_ancestors(python: str) -> dict[str, list[str]]:
-    """Directories others cannot enter on the way to the interpreter and its libraries, mapped to
-    the child directory each run must see: ``{"/root": ["/root/.pyenv"]}``."""
-    out: dict[str, list[str]] = {}
-    for target in {os.path.realpath(python), os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)}:
-        parts = Path(target).parts
-        for i in range(2, len(parts)):
-            parent = str(Path(*parts[:i]))
-            try:
-                mode = os.stat(parent).st_mode
-            except OSError:
-                break  # a missing interpreter is reported when the run starts
-            if not mode & 0o001:
-                child = str(Path(*parts[: i + 1]))
-                if child not in out.setdefault(parent, []):
-                    out[parent].append(child)
-                break
-    return out
 
 
 def _count_processes(uid: int) -> int:
@@ -688,32 +904,21 @@ def _count_processes(uid: int) -> int:
     return n
 
 
-def _kill_uid(uid: int, settle: float = 3.0) -> None:
-    """SIGKILL every process of `uid`, including children that left the process group: a forked
-    helper drops to that uid and calls kill(-1), which reaches exactly the processes of that uid.
-    Cheap when nothing is left (checked first by scanning /proc)."""
+def _kill_uid(uid: int, python: str, settle: float = 3.0) -> None:
+    """SIGKILL every process of `uid`, including children that left the process group: a helper
+    process drops to that uid and calls kill(-1), which reaches exactly the processes of that uid.
+    Cheap when nothing is left (checked first by scanning /proc), which with a PID namespace is
+    the usual case."""
     if uid == 0:
         raise ValueError("refusing to kill every process of root")
     if _count_processes(uid) == 0:
         return
-
-    def preexec() -> None:
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
-        # checked again because kill(-1) from root would signal every process on the machine
-        if os.getuid() != uid or os.geteuid() != uid:
-            os._exit(1)
-        os.kill(-1, signal.SIGKILL)  # every process of this uid except the caller
-
-    # a killed process stays in /proc until it is reaped (by the namespace's pid 1, or the kernel once
-    # that is gone), which on a loaded machine can take a while: kill again and wait, for up to
-    # `settle` seconds (0: one kill, for callers that have not reaped their own child yet)
+    # a killed process stays in /proc until it is reaped, which on a loaded machine can take a
+    # while: kill again and wait, for up to `settle` seconds
     deadline = time.monotonic() + settle
     while True:
-        subprocess.run(["true"], preexec_fn=preexec, env={}, cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10, check=False)
-        if settle <= 0:
-            return
+        subprocess.run(_harness_argv(python, "kill", str(uid)), env={}, cwd="/", stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=10, check=False)
         for _ in range(10):
             time.sleep(0.02)
             if _count_processes(uid) == 0:
