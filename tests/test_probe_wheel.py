@@ -43,7 +43,9 @@ def ten_turn_store(path: Path) -> Path:
     for g in range(8):
         for i in range(4):
             passed = (i + g) % 2 == 0
-            turns = [Turn(2 + 3 * k, [10 + k], [-0.5], [7, 8], hidden=[1.0 if passed else 0.0, float(k)]) for k in range(10)]
+            turns = [
+                Turn(2 + 3 * k, [10 + k], [-0.5], [7, 8], hidden=[1.0 if passed else 0.0, float(k)]) for k in range(10)
+            ]
             eps.append(Episode(prompt_ids=[1, 2], turns=turns, reward=1.0 if passed else 0.0, group_id=g))
     return TrajectoryStore(eps).save(path)
 
@@ -58,7 +60,18 @@ def install_wheel(tmp: Path) -> Path:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
     run = lambda *cmd: subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=300)  # noqa: E731
-    built = run(sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp / "wheels"))
+    built = run(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        str(src),
+        "--no-deps",
+        "--no-build-isolation",
+        "-q",
+        "-w",
+        str(tmp / "wheels"),
+    )
     assert built.returncode == 0, built.stderr[-2000:]
     (wheel,) = (tmp / "wheels").glob("agentrl-*.whl")
     made = run(sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(tmp / "venv"))
@@ -78,11 +91,15 @@ def wheel_python(tmp_path_factory) -> Path:
 def test_wheel_recommends_what_the_checkout_recommends(wheel_python, tmp_path):
     store = ten_turn_store(tmp_path / "store.parquet")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = subprocess.run([str(wheel_python), "-c", PROBE, str(store)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [str(wheel_python), "-c", PROBE, str(store)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     wheel = json.loads(out.stdout.strip().splitlines()[-1])
     venv = wheel_python.parent.parent
-    assert Path(wheel["file"]).resolve().is_relative_to(venv.resolve()), f"the venv imported {wheel['file']}, not its wheel"
+    assert Path(wheel["file"]).resolve().is_relative_to(venv.resolve()), (
+        f"the venv imported {wheel['file']}, not its wheel"
+    )
 
     here = probe_store(store)
     import agentrl.probe
@@ -96,11 +113,16 @@ def test_wheel_recommends_what_the_checkout_recommends(wheel_python, tmp_path):
 
 def test_packaged_thresholds_are_the_committed_sweeps_calibration():
     """thresholds.json must be regenerated when the committed sweep (or the calibration) changes."""
-    record = calibration_record(ROOT / "benchmarks" / "results" / "horizon_sweep.json", name="benchmarks/results/horizon_sweep.json")
+    record = calibration_record(
+        ROOT / "benchmarks" / "results" / "horizon_sweep.json", name="benchmarks/results/horizon_sweep.json"
+    )
     shipped = json.loads((ROOT / "agentrl" / "probe" / "thresholds.json").read_text())
     fresh, packaged = record["thresholds"], shipped["thresholds"]
     fresh.pop("sweep_commit"), packaged.pop("sweep_commit")  # which commit holds the file says nothing of its content
-    assert packaged == fresh, "agentrl/probe/thresholds.json is stale: run python -m agentrl.probe calibrate benchmarks/results/horizon_sweep.json"
+    assert packaged == fresh, (
+        "agentrl/probe/thresholds.json is stale: run python -m agentrl.probe calibrate "
+        "benchmarks/results/horizon_sweep.json"
+    )
     t = packaged_thresholds()
     assert (t.horizon_cutoff, t.long_horizon_algo, t.min_budget_episodes) == (5.0, "steppo", 384)
     assert t.source == "packaged agentrl/probe/thresholds.json, calibrated on benchmarks/results/horizon_sweep.json"

@@ -33,8 +33,14 @@ def learning_slope(curve: Sequence[float]) -> float:
     return round(float(np.polyfit(np.arange(len(curve)), np.asarray(curve, dtype=float), 1)[0]), 12)
 
 
-def bakeoff(train_config: Any, algos: Sequence[str], updates: int, out: str | Path, eval_episodes: int = 32,
-            say: Callable[[str], None] = print) -> list[BakeoffRun]:
+def bakeoff(
+    train_config: Any,
+    algos: Sequence[str],
+    updates: int,
+    out: str | Path,
+    eval_episodes: int = 32,
+    say: Callable[[str], None] = print,
+) -> list[BakeoffRun]:
     """Train each of `algos` for `updates` updates from the same start (the config's model or warm
     start), on the same seed and budget, and record the learning curves."""
     import json
@@ -58,7 +64,18 @@ def bakeoff(train_config: Any, algos: Sequence[str], updates: int, out: str | Pa
         summary = trainer.train(warm=warm)
         rows = [json.loads(x) for x in (Path(cfg.out) / "metrics.jsonl").read_text().splitlines()]
         curve = [r["rollout/pass_rate"] for r in rows if r.get("step", 0) >= 1 and "rollout/pass_rate" in r]
-        runs.append(BakeoffRun(algo=algo, curve=curve, slope=learning_slope(curve), warm_pass_rate=summary["warm_start_pass_rate"],
-                               final_pass_rate=summary["final_pass_rate"], wall_s=time.perf_counter() - t0))
-        say(f"bakeoff {algo}: {summary['warm_start_pass_rate']:.2f} -> {summary['final_pass_rate']:.2f}, slope {runs[-1].slope:+.3f}/update")
+        runs.append(
+            BakeoffRun(
+                algo=algo,
+                curve=curve,
+                slope=learning_slope(curve),
+                warm_pass_rate=summary["warm_start_pass_rate"],
+                final_pass_rate=summary["final_pass_rate"],
+                wall_s=time.perf_counter() - t0,
+            )
+        )
+        say(
+            f"bakeoff {algo}: {summary['warm_start_pass_rate']:.2f} -> {summary['final_pass_rate']:.2f}, slope "
+            f"{runs[-1].slope:+.3f}/update"
+        )
     return runs

@@ -76,7 +76,16 @@ def summarize_sweep(sweep: dict[str, Any]) -> list[HorizonSummary]:
         spread = horizon_spread(dict(finals), eval_episodes)
         best = max(means, key=means.__getitem__)
         within = sorted(a for a, m in means.items() if m >= means[best] - spread)
-        out.append(HorizonSummary(locks=h.get("locks"), max_turns=float(h["max_turns"]), means=means, spread=spread, best=best, within=within))
+        out.append(
+            HorizonSummary(
+                locks=h.get("locks"),
+                max_turns=float(h["max_turns"]),
+                means=means,
+                spread=spread,
+                best=best,
+                within=within,
+            )
+        )
     return sorted(out, key=lambda s: s.max_turns)
 
 
@@ -96,7 +105,9 @@ def sweep_command(sweep: dict[str, Any]) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 
-def thresholds_from_sweep(sweep: dict[str, Any], source: str = "sweep", base: ProbeThresholds | None = None) -> ProbeThresholds:
+def thresholds_from_sweep(
+    sweep: dict[str, Any], source: str = "sweep", base: ProbeThresholds | None = None
+) -> ProbeThresholds:
     """Horizon thresholds fitted to a horizon sweep's measured crossover.
 
     The crossover is the shortest horizon (by max turns) where some turn-level assigner's mean final
@@ -117,7 +128,9 @@ def thresholds_from_sweep(sweep: dict[str, Any], source: str = "sweep", base: Pr
     >>> t.horizon_cutoff, t.turn_level_candidates, t.long_horizon_algo, t.min_budget_episodes
     (10.5, ['arpo'], 'arpo', 320)
     """
-    if not any(r.get("algo") == BASELINE for h in sweep.get("horizons", {}).values() for r in h.get("runs", {}).values()):
+    if not any(
+        r.get("algo") == BASELINE for h in sweep.get("horizons", {}).values() for r in h.get("runs", {}).values()
+    ):
         raise ValueError(f"the sweep has no {BASELINE} runs: the crossover is measured against {BASELINE}")
     turn_level = set(turn_level_assigners())
     horizons = summarize_sweep(sweep)
@@ -137,13 +150,18 @@ def thresholds_from_sweep(sweep: dict[str, Any], source: str = "sweep", base: Pr
         if lead and max(lead.values()) > h.spread:
             cross = i
             break
-    measured = ", ".join(f"{h.max_turns:g} turns: best {h.best} ({h.means[h.best]:.2f}), {BASELINE} "
-                         f"{h.means.get(BASELINE, float('nan')):.2f}, spread {h.spread:.2f}" for h in horizons)
+    measured = ", ".join(
+        f"{h.max_turns:g} turns: best {h.best} ({h.means[h.best]:.2f}), {BASELINE} "
+        f"{h.means.get(BASELINE, float('nan')):.2f}, spread {h.spread:.2f}"
+        for h in horizons
+    )
     if cross is None:
         t.horizon_cutoff = None
         t.turn_level_candidates = []
-        t.derivation = (f"no horizon where a turn-level assigner beat {BASELINE} by more than the seeds' spread ({measured}); "
-                        "turn-level credit is never recommended by the horizon rule")
+        t.derivation = (
+            f"no horizon where a turn-level assigner beat {BASELINE} by more than the seeds' spread ({measured}); "
+            "turn-level credit is never recommended by the horizon rule"
+        )
         return t
     h = horizons[cross]
     prev = horizons[cross - 1] if cross > 0 else None
@@ -153,10 +171,16 @@ def thresholds_from_sweep(sweep: dict[str, Any], source: str = "sweep", base: Pr
     t.turn_level_candidates = sorted({a for p in past for a in p.within if a in turn_level} | {best_here})
     avg = {a: statistics.mean(p.means[a] for p in past if a in p.means) for a in t.turn_level_candidates}
     t.long_horizon_algo = max(avg, key=avg.__getitem__)
-    below = f"below it, at {prev.max_turns:g} turns, none did" if prev else "it is the sweep's shortest horizon, so the cut-off is half its turns"
-    t.derivation = (f"turn-level credit first beat {BASELINE} by more than the seeds' spread at {h.max_turns:g} max turns "
-                    f"(locks {h.locks}); {below}; cut-off {t.horizon_cutoff:g} turns; candidates {t.turn_level_candidates}; "
-                    f"budget {budget} episodes per run. Measured: {measured}")
+    below = (
+        f"below it, at {prev.max_turns:g} turns, none did"
+        if prev
+        else "it is the sweep's shortest horizon, so the cut-off is half its turns"
+    )
+    t.derivation = (
+        f"turn-level credit first beat {BASELINE} by more than the seeds' spread at {h.max_turns:g} max turns "
+        f"(locks {h.locks}); {below}; cut-off {t.horizon_cutoff:g} turns; candidates {t.turn_level_candidates}; "
+        f"budget {budget} episodes per run. Measured: {measured}"
+    )
     return t
 
 
@@ -167,7 +191,13 @@ def thresholds_from_sweep(sweep: dict[str, Any], source: str = "sweep", base: Pr
 def _last_commit(path: Path) -> str | None:
     """The commit that last changed `path`, when it sits in a git checkout (else None)."""
     try:
-        out = subprocess.run(["git", "log", "-1", "--format=%H", "--", path.name], cwd=path.parent, capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "log", "-1", "--format=%H", "--", path.name],
+            cwd=path.parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return (out.stdout.strip() or None) if out.returncode == 0 else None
@@ -209,10 +239,21 @@ def write_thresholds(sweep_path: str | Path, out: str | Path | None = None, name
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m agentrl.probe calibrate", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("sweep", help="a sweep.json written by benchmarks/horizon_sweep.py (the committed one: benchmarks/results/horizon_sweep.json)")
-    ap.add_argument("--out", default=None, help="where to write the record (default: agentrl/probe/thresholds.json, the package data)")
+    ap = argparse.ArgumentParser(
+        prog="python -m agentrl.probe calibrate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "sweep",
+        help="a sweep.json written by benchmarks/horizon_sweep.py (the committed one: "
+        "benchmarks/results/horizon_sweep.json)",
+    )
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="where to write the record (default: agentrl/probe/thresholds.json, the package data)",
+    )
     args = ap.parse_args(argv)
     try:
         target = write_thresholds(args.sweep, args.out, name=args.sweep)
@@ -220,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"calibration: {e}", file=sys.stderr)
         return 2
     t = json.loads(target.read_text())["thresholds"]
-    print(f"wrote {target}: horizon_cutoff {t['horizon_cutoff']}, candidates {t['turn_level_candidates']}, "
-          f"long-horizon pick {t['long_horizon_algo']}, budget {t['min_budget_episodes']}")
+    print(
+        f"wrote {target}: horizon_cutoff {t['horizon_cutoff']}, candidates {t['turn_level_candidates']}, "
+        f"long-horizon pick {t['long_horizon_algo']}, budget {t['min_budget_episodes']}"
+    )
     return 0

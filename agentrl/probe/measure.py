@@ -25,7 +25,11 @@ def measure(episodes: Sequence[Episode], th: ProbeThresholds) -> tuple[ProbeStat
     """Every statistic and the report's curves for `episodes` (errored episodes are left out)."""
     good = [e for e in episodes if not e.error]
     if not good:
-        raise ValueError(f"probe: no episodes to measure ({len(episodes)} given, all errored)" if episodes else "probe: no episodes to measure")
+        raise ValueError(
+            f"probe: no episodes to measure ({len(episodes)} given, all errored)"
+            if episodes
+            else "probe: no episodes to measure"
+        )
     turns = st.turns_summary(good)
     toks = st.tokens_per_episode(good)
     grp = st.group_outcomes(good)
@@ -48,8 +52,14 @@ def measure(episodes: Sequence[Episode], th: ProbeThresholds) -> tuple[ProbeStat
     r2: float | None = None
     V = torch.zeros_like(G)  # (B, K) out-of-fold V(s_k)
     if n_groups >= 2:
-        r2, pred = cv_r2(X, y, group_folds(row_groups, min(th.cv_folds, n_groups), th.seed), th.ridge_alpha,
-                         np.array(row_groups), th.ridge_alphas)
+        r2, pred = cv_r2(
+            X,
+            y,
+            group_folds(row_groups, min(th.cv_folds, n_groups), th.seed),
+            th.ridge_alpha,
+            np.array(row_groups),
+            th.ridge_alphas,
+        )
         V[mask] = torch.from_numpy(pred)
 
     has_turns = batch.num_turns > 0  # (B,)

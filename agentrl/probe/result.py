@@ -30,10 +30,14 @@ class ProbeStats(BaseModel):
     all_fail_frac: float
     reward_std_in_group: float
     state_recurrence: float | None
-    value_r2: float | None = Field(description="cross-validated R² of the turn-value probe; None with fewer than 2 groups")
+    value_r2: float | None = Field(
+        description="cross-validated R² of the turn-value probe; None with fewer than 2 groups"
+    )
     value_features: str = Field(description="which features the value probe read")
     value_change_concentration: float | None = Field(description="mean over episodes of max|d_k| / sum|d_k|")
-    uniform_share: float = Field(description="mean over episodes of 1/K, the concentration of evenly spread value changes")
+    uniform_share: float = Field(
+        description="mean over episodes of 1/K, the concentration of evenly spread value changes"
+    )
     post_obs_entropy: float | None
 
 
@@ -41,9 +45,13 @@ class ProbeCurves(BaseModel):
     """What the report plots."""
 
     turns_hist: dict[int, int] = Field(default_factory=dict, description="episodes by number of turns")
-    step_reward_by_turn: list[float] = Field(default_factory=list, description="mean step reward at turn k (1-based index k+1)")
+    step_reward_by_turn: list[float] = Field(
+        default_factory=list, description="mean step reward at turn k (1-based index k+1)"
+    )
     return_by_turn: list[float] = Field(default_factory=list, description="mean Monte Carlo return G_k at turn k")
-    value_by_turn: list[float] = Field(default_factory=list, description="mean out-of-fold probe value V(s_k) at turn k")
+    value_by_turn: list[float] = Field(
+        default_factory=list, description="mean out-of-fold probe value V(s_k) at turn k"
+    )
     episodes_by_turn: list[int] = Field(default_factory=list, description="episodes that reached turn k")
     concentration: list[float] = Field(default_factory=list, description="max|d|/sum|d| per episode")
     episode_turns: list[int] = Field(default_factory=list, description="K per episode, aligned with concentration")

@@ -49,71 +49,140 @@ def _fmt(x: float | None, spec: str = ".2f") -> str:
 
 
 def too_few_episodes(s: ProbeStats, th: ProbeThresholds, budget: int | None) -> RuleOutcome:
-    return RuleOutcome(name="too-few-episodes", matched=s.episodes < th.min_episodes, algo=BASELINE,
-                       reason=f"{s.episodes} episodes probed, fewer than min_episodes {th.min_episodes}: too few to judge, so the critic-free default",
-                       statistics={"episodes": s.episodes}, thresholds={"min_episodes": th.min_episodes})
+    return RuleOutcome(
+        name="too-few-episodes",
+        matched=s.episodes < th.min_episodes,
+        algo=BASELINE,
+        reason=f"{s.episodes} episodes probed, fewer than min_episodes {th.min_episodes}: too few to judge, so the "
+        "critic-free default",
+        statistics={"episodes": s.episodes},
+        thresholds={"min_episodes": th.min_episodes},
+    )
 
 
 def no_signal(s: ProbeStats, th: ProbeThresholds, budget: int | None) -> RuleOutcome:
     return RuleOutcome(
-        name="no-signal", matched=_silent(s, th) and not _step_signal(s, th), algo=BASELINE,
-        reason=f"{s.zero_adv_frac:.0%} of groups have all-equal rewards (all-pass {s.all_pass_frac:.0%}, all-fail {s.all_fail_frac:.0%}), "
-               f"above max_zero_adv_frac {th.max_zero_adv_frac:.0%}, and step scores differ inside only {s.step_signal_frac:.0%} of groups: "
-               "no assigner can spread a signal that is not there",
-        statistics={"zero_adv_frac": s.zero_adv_frac, "all_pass_frac": s.all_pass_frac, "all_fail_frac": s.all_fail_frac,
-                    "step_signal_frac": s.step_signal_frac},
-        thresholds={"max_zero_adv_frac": th.max_zero_adv_frac, "min_step_signal_frac": th.min_step_signal_frac})
+        name="no-signal",
+        matched=_silent(s, th) and not _step_signal(s, th),
+        algo=BASELINE,
+        reason=f"{s.zero_adv_frac:.0%} of groups have all-equal rewards (all-pass {s.all_pass_frac:.0%}, all-fail "
+        f"{s.all_fail_frac:.0%}), "
+        f"above max_zero_adv_frac {th.max_zero_adv_frac:.0%}, and step scores differ inside only "
+        f"{s.step_signal_frac:.0%} of groups: "
+        "no assigner can spread a signal that is not there",
+        statistics={
+            "zero_adv_frac": s.zero_adv_frac,
+            "all_pass_frac": s.all_pass_frac,
+            "all_fail_frac": s.all_fail_frac,
+            "step_signal_frac": s.step_signal_frac,
+        },
+        thresholds={"max_zero_adv_frac": th.max_zero_adv_frac, "min_step_signal_frac": th.min_step_signal_frac},
+    )
 
 
 def step_scores_only(s: ProbeStats, th: ProbeThresholds, budget: int | None) -> RuleOutcome:
     algo = _pick(th, "step-scores-only")
     return RuleOutcome(
-        name="step-scores-only", matched=_silent(s, th) and _step_signal(s, th), algo=algo,
-        reason=f"{s.zero_adv_frac:.0%} of groups have all-equal outcomes (above max_zero_adv_frac {th.max_zero_adv_frac:.0%}), but in "
-               f"{s.step_signal_frac:.0%} of groups the episodes' step scores differ (>= min_step_signal_frac {th.min_step_signal_frac:.0%}): "
-               f"the step scores are the only signal, and {algo} reads them",
+        name="step-scores-only",
+        matched=_silent(s, th) and _step_signal(s, th),
+        algo=algo,
+        reason=f"{s.zero_adv_frac:.0%} of groups have all-equal outcomes (above max_zero_adv_frac "
+        f"{th.max_zero_adv_frac:.0%}), but in "
+        f"{s.step_signal_frac:.0%} of groups the episodes' step scores differ (>= min_step_signal_frac "
+        f"{th.min_step_signal_frac:.0%}): "
+        f"the step scores are the only signal, and {algo} reads them",
         statistics={"zero_adv_frac": s.zero_adv_frac, "step_signal_frac": s.step_signal_frac},
-        thresholds={"max_zero_adv_frac": th.max_zero_adv_frac, "min_step_signal_frac": th.min_step_signal_frac, "picks": algo})
+        thresholds={
+            "max_zero_adv_frac": th.max_zero_adv_frac,
+            "min_step_signal_frac": th.min_step_signal_frac,
+            "picks": algo,
+        },
+    )
 
 
 def short_horizon(s: ProbeStats, th: ProbeThresholds, budget: int | None) -> RuleOutcome:
     if th.horizon_cutoff is None:
-        return RuleOutcome(name="short-horizon", matched=True, algo=BASELINE,
-                           reason=f"median {s.turns_median:g} turns; the horizon sweep ({th.source}) found no horizon where a turn-level "
-                                  f"assigner beat {BASELINE} by more than the seeds' spread, so the horizon rule keeps {BASELINE}",
-                           statistics={"turns_median": s.turns_median}, thresholds={"horizon_cutoff": None})
-    return RuleOutcome(name="short-horizon", matched=s.turns_median < th.horizon_cutoff, algo=BASELINE,
-                       reason=f"median {s.turns_median:g} turns < horizon_cutoff {th.horizon_cutoff:g} ({th.source}): outcome credit suffices at this horizon",
-                       statistics={"turns_median": s.turns_median}, thresholds={"horizon_cutoff": th.horizon_cutoff})
+        return RuleOutcome(
+            name="short-horizon",
+            matched=True,
+            algo=BASELINE,
+            reason=f"median {s.turns_median:g} turns; the horizon sweep ({th.source}) found no horizon where a "
+            "turn-level "
+            f"assigner beat {BASELINE} by more than the seeds' spread, so the horizon rule keeps {BASELINE}",
+            statistics={"turns_median": s.turns_median},
+            thresholds={"horizon_cutoff": None},
+        )
+    return RuleOutcome(
+        name="short-horizon",
+        matched=s.turns_median < th.horizon_cutoff,
+        algo=BASELINE,
+        reason=f"median {s.turns_median:g} turns < horizon_cutoff {th.horizon_cutoff:g} ({th.source}): outcome credit "
+        "suffices at this horizon",
+        statistics={"turns_median": s.turns_median},
+        thresholds={"horizon_cutoff": th.horizon_cutoff},
+    )
 
 
 def small_budget(s: ProbeStats, th: ProbeThresholds, budget: int | None) -> RuleOutcome:
-    return RuleOutcome(name="small-budget", matched=budget is not None and budget < th.min_budget_episodes, algo=BASELINE,
-                       reason=f"{budget} planned training episodes < min_budget_episodes {th.min_budget_episodes}: too little data for turn-level credit to pay",
-                       statistics={"budget_episodes": budget}, thresholds={"min_budget_episodes": th.min_budget_episodes})
+    return RuleOutcome(
+        name="small-budget",
+        matched=budget is not None and budget < th.min_budget_episodes,
+        algo=BASELINE,
+        reason=f"{budget} planned training episodes < min_budget_episodes {th.min_budget_episodes}: too little data "
+        "for turn-level credit to pay",
+        statistics={"budget_episodes": budget},
+        thresholds={"min_budget_episodes": th.min_budget_episodes},
+    )
 
 
 def dense_step_scores(s: ProbeStats, th: ProbeThresholds, budget: int | None) -> RuleOutcome:
     algo = _pick(th, "dense-step-scores")
     return RuleOutcome(
-        name="dense-step-scores", matched=algo in th.turn_level_candidates and s.step_reward_density >= th.min_step_density, algo=algo,
-        reason=f"{s.step_reward_density:.0%} of turns carry a step score (>= min_step_density {th.min_step_density:.0%}): "
-               f"the environment's scorer can credit turns, and {algo} reads it",
+        name="dense-step-scores",
+        matched=algo in th.turn_level_candidates and s.step_reward_density >= th.min_step_density,
+        algo=algo,
+        reason=f"{s.step_reward_density:.0%} of turns carry a step score (>= min_step_density "
+        f"{th.min_step_density:.0%}): "
+        f"the environment's scorer can credit turns, and {algo} reads it",
         statistics={"step_reward_density": s.step_reward_density},
-        thresholds={"min_step_density": th.min_step_density, "turn_level_candidates": th.turn_level_candidates, "picks": algo})
+        thresholds={
+            "min_step_density": th.min_step_density,
+            "turn_level_candidates": th.turn_level_candidates,
+            "picks": algo,
+        },
+    )
 
 
 def critic_not_learnable(s: ProbeStats, th: ProbeThresholds, budget: int | None) -> RuleOutcome:
     recurring = _pick(th, "critic-not-learnable")
-    recur = s.state_recurrence is not None and s.state_recurrence >= th.min_state_recurrence and recurring in th.turn_level_candidates
-    r2_text = "no R² (fewer than 2 groups)" if s.value_r2 is None else f"value-probe R² {s.value_r2:.2f} < min_value_r2 {th.min_value_r2}"
-    why = (f"states recur ({s.state_recurrence:.0%} >= {th.min_state_recurrence:.0%}), so {recurring}'s critic-free step groups" if recur
-           else f"states do not recur enough for {recurring}, so {BASELINE}")
+    recur = (
+        s.state_recurrence is not None
+        and s.state_recurrence >= th.min_state_recurrence
+        and recurring in th.turn_level_candidates
+    )
+    r2_text = (
+        "no R² (fewer than 2 groups)"
+        if s.value_r2 is None
+        else f"value-probe R² {s.value_r2:.2f} < min_value_r2 {th.min_value_r2}"
+    )
+    why = (
+        f"states recur ({s.state_recurrence:.0%} >= {th.min_state_recurrence:.0%}), so {recurring}'s critic-free step "
+        "groups"
+        if recur
+        else f"states do not recur enough for {recurring}, so {BASELINE}"
+    )
     return RuleOutcome(
-        name="critic-not-learnable", matched=s.value_r2 is None or s.value_r2 < th.min_value_r2, algo=recurring if recur else BASELINE,
+        name="critic-not-learnable",
+        matched=s.value_r2 is None or s.value_r2 < th.min_value_r2,
+        algo=recurring if recur else BASELINE,
         reason=f"{r2_text}: a turn critic would be noise; {why}",
         statistics={"value_r2": s.value_r2, "state_recurrence": s.state_recurrence},
-        thresholds={"min_value_r2": th.min_value_r2, "min_state_recurrence": th.min_state_recurrence, "picks": recurring})
+        thresholds={
+            "min_value_r2": th.min_value_r2,
+            "min_state_recurrence": th.min_state_recurrence,
+            "picks": recurring,
+        },
+    )
 
 
 def concentrated_value_changes(s: ProbeStats, th: ProbeThresholds, budget: int | None) -> RuleOutcome:
@@ -121,28 +190,50 @@ def concentrated_value_changes(s: ProbeStats, th: ProbeThresholds, budget: int |
     conc = s.value_change_concentration
     bound = th.concentration_ratio * s.uniform_share
     return RuleOutcome(
-        name="concentrated-value-changes", matched=algo in th.turn_level_candidates and conc is not None and conc >= bound, algo=algo,
-        reason=f"value changes are concentrated: mean max share {_fmt(conc)} >= concentration_ratio {th.concentration_ratio:g} "
-               f"x uniform {s.uniform_share:.2f}, and {algo} weights turns by them",
+        name="concentrated-value-changes",
+        matched=algo in th.turn_level_candidates and conc is not None and conc >= bound,
+        algo=algo,
+        reason=f"value changes are concentrated: mean max share {_fmt(conc)} >= concentration_ratio "
+        f"{th.concentration_ratio:g} "
+        f"x uniform {s.uniform_share:.2f}, and {algo} weights turns by them",
         statistics={"value_change_concentration": conc, "uniform_share": s.uniform_share},
-        thresholds={"concentration_ratio": th.concentration_ratio, "turn_level_candidates": th.turn_level_candidates, "picks": algo})
+        thresholds={
+            "concentration_ratio": th.concentration_ratio,
+            "turn_level_candidates": th.turn_level_candidates,
+            "picks": algo,
+        },
+    )
 
 
 def long_horizon(s: ProbeStats, th: ProbeThresholds, budget: int | None) -> RuleOutcome:
     return RuleOutcome(
-        name="long-horizon", matched=True, algo=th.long_horizon_algo,
-        reason=f"median {s.turns_median:g} turns >= cut-off {th.horizon_cutoff}, a learnable critic (R² {_fmt(s.value_r2)}): "
-               f"{th.long_horizon_algo} ({'the sweep' if th.source != 'literature' else 'the default'}'s long-horizon pick)",
+        name="long-horizon",
+        matched=True,
+        algo=th.long_horizon_algo,
+        reason=f"median {s.turns_median:g} turns >= cut-off {th.horizon_cutoff}, a learnable critic (R² "
+        f"{_fmt(s.value_r2)}): "
+        f"{th.long_horizon_algo} ({'the sweep' if th.source != 'literature' else 'the default'}'s long-horizon pick)",
         statistics={"turns_median": s.turns_median, "value_r2": s.value_r2},
-        thresholds={"horizon_cutoff": th.horizon_cutoff, "long_horizon_algo": th.long_horizon_algo})
+        thresholds={"horizon_cutoff": th.horizon_cutoff, "long_horizon_algo": th.long_horizon_algo},
+    )
 
 
 # In order; the first that matches decides. long-horizon always matches, so there is always a pick.
-RULES: list[Rule] = [too_few_episodes, no_signal, step_scores_only, short_horizon, small_budget, dense_step_scores,
-                     critic_not_learnable, concentrated_value_changes, long_horizon]
+RULES: list[Rule] = [
+    too_few_episodes,
+    no_signal,
+    step_scores_only,
+    short_horizon,
+    small_budget,
+    dense_step_scores,
+    critic_not_learnable,
+    concentrated_value_changes,
+    long_horizon,
+]
 
 ADVICE: dict[str, str] = {
-    "no-signal": "fix sampling or the curriculum first: dynamic sampling (--preset dapo), easier tasks, or a warmer start",
+    "no-signal": "fix sampling or the curriculum first: dynamic sampling (--preset dapo), easier tasks, "
+    "or a warmer start",
 }
 
 
@@ -151,10 +242,12 @@ def rules(s: ProbeStats, th: ProbeThresholds, budget: int | None) -> list[RuleOu
     return [rule(s, th, budget) for rule in RULES]
 
 
-def recommend(s: ProbeStats, th: ProbeThresholds, budget: int | None = None) -> tuple[Recommendation, list[RuleOutcome]]:
+def recommend(
+    s: ProbeStats, th: ProbeThresholds, budget: int | None = None
+) -> tuple[Recommendation, list[RuleOutcome]]:
     """The first matching rule's pick, and every rule's outcome."""
     outcomes = rules(s, th, budget)
     fired = next(r for r in outcomes if r.matched)  # long-horizon always matches
-    return Recommendation(algo=fired.algo, rule=fired.name, reason=f"{fired.name}: {fired.reason}", advice=ADVICE.get(fired.name)), outcomes
-
-
+    return Recommendation(
+        algo=fired.algo, rule=fired.name, reason=f"{fired.name}: {fired.reason}", advice=ADVICE.get(fired.name)
+    ), outcomes

@@ -26,13 +26,28 @@ from agentrl.probe.thresholds import ProbeThresholds, default_thresholds
 from agentrl.store import StoreError, TrajectoryStore
 
 
-def probe_episodes(episodes: Sequence[Episode], thresholds: ProbeThresholds | None = None, *, source: str = "episodes",
-                   budget_episodes: int | None = None, env: dict[str, Any] | None = None) -> ProbeResult:
+def probe_episodes(
+    episodes: Sequence[Episode],
+    thresholds: ProbeThresholds | None = None,
+    *,
+    source: str = "episodes",
+    budget_episodes: int | None = None,
+    env: dict[str, Any] | None = None,
+) -> ProbeResult:
     """Measure `episodes` and recommend an assigner."""
     th = thresholds or default_thresholds()
     stats, curves = measure(episodes, th)
     rec, outcomes = recommend(stats, th, budget_episodes)
-    return ProbeResult(source=source, stats=stats, curves=curves, thresholds=th, budget_episodes=budget_episodes, rules=outcomes, recommendation=rec, env=env)
+    return ProbeResult(
+        source=source,
+        stats=stats,
+        curves=curves,
+        thresholds=th,
+        budget_episodes=budget_episodes,
+        rules=outcomes,
+        recommendation=rec,
+        env=env,
+    )
 
 
 def load_store(path: str | Path) -> TrajectoryStore:
@@ -46,7 +61,9 @@ def load_store(path: str | Path) -> TrajectoryStore:
     return store
 
 
-def probe_store(store: TrajectoryStore | str | Path, thresholds: ProbeThresholds | None = None, budget_episodes: int | None = None) -> ProbeResult:
+def probe_store(
+    store: TrajectoryStore | str | Path, thresholds: ProbeThresholds | None = None, budget_episodes: int | None = None
+) -> ProbeResult:
     """Probe a saved store (no environment, no model needed): a Parquet file, a folder of them, or a run folder."""
     source = "store"
     if not isinstance(store, TrajectoryStore):
@@ -55,7 +72,9 @@ def probe_store(store: TrajectoryStore | str | Path, thresholds: ProbeThresholds
     return probe_episodes(store.episodes, thresholds, source=source, budget_episodes=budget_episodes)
 
 
-def collect(train_config: Any, groups: int = 8, group_size: int | None = None, policy: Any = None, seed: int | None = None) -> list[Episode]:
+def collect(
+    train_config: Any, groups: int = 8, group_size: int | None = None, policy: Any = None, seed: int | None = None
+) -> list[Episode]:
     """A short rollout with the current policy: `groups` tasks x `group_size` episodes, training seeds
     (below the held-out offset), hidden states captured for the value probe. Without `policy`, the
     policy is built as `Trainer` builds it: `--model`, else the cached SFT warm start."""
@@ -70,7 +89,9 @@ def collect(train_config: Any, groups: int = 8, group_size: int | None = None, p
         if cfg.model is None:
             from agentrl.stages.sft import warm_start
 
-            policy = Policy.load(warm_start(cfg.env.id, cfg.env.kwargs, cfg.tiny, cfg.sft, cfg.seed), device=resolve_device(cfg.device))
+            policy = Policy.load(
+                warm_start(cfg.env.id, cfg.env.kwargs, cfg.tiny, cfg.sft, cfg.seed), device=resolve_device(cfg.device)
+            )
         else:
             policy = Policy.load(cfg.model, device=resolve_device(cfg.device))
     max_context = cfg.rollout.max_context or getattr(policy.model.config, "max_position_embeddings", 2048)
@@ -79,8 +100,15 @@ def collect(train_config: Any, groups: int = 8, group_size: int | None = None, p
     seeds = [s for s in task_seeds for _ in range(G)]
     envs = [make(cfg.env.id, **cfg.env.kwargs) for _ in seeds]
     engine = make_engine(cfg, policy, cfg.rollout.sampling, seed=cfg.seed, capture_hidden=True)
-    episodes, _ = rollout(envs, seeds, engine, policy.chat, group_ids=[i // G for i in range(len(seeds))],
-                          max_context=max_context, max_new_tokens=cfg.rollout.sampling.max_new_tokens)
+    episodes, _ = rollout(
+        envs,
+        seeds,
+        engine,
+        policy.chat,
+        group_ids=[i // G for i in range(len(seeds))],
+        max_context=max_context,
+        max_new_tokens=cfg.rollout.sampling.max_new_tokens,
+    )
     return episodes
 
 
@@ -89,16 +117,31 @@ def planned_episodes(train_config: Any) -> int:
     return int(train_config.updates * train_config.rollout.groups * train_config.rollout.group_size)
 
 
-def probe_env(train_config: Any, groups: int = 8, group_size: int | None = None, policy: Any = None,
-              thresholds: ProbeThresholds | None = None, store_out: str | Path | None = None) -> ProbeResult:
+def probe_env(
+    train_config: Any,
+    groups: int = 8,
+    group_size: int | None = None,
+    policy: Any = None,
+    thresholds: ProbeThresholds | None = None,
+    store_out: str | Path | None = None,
+) -> ProbeResult:
     """Roll out the current policy on the config's environment (see `collect`) and probe it; the
     recommendation weighs the config's training budget. `store_out` saves the probed episodes."""
     episodes = collect(train_config, groups, group_size, policy)
     if store_out is not None:
         TrajectoryStore(episodes).save(store_out)
-    env = {"id": train_config.env.id, "kwargs": train_config.env.kwargs, "model": train_config.model or "warm start (tiny policy, SFT)"}
-    return probe_episodes(episodes, thresholds, source=f"rollout on {train_config.env.id} {train_config.env.kwargs}",
-                          budget_episodes=planned_episodes(train_config), env=env)
+    env = {
+        "id": train_config.env.id,
+        "kwargs": train_config.env.kwargs,
+        "model": train_config.model or "warm start (tiny policy, SFT)",
+    }
+    return probe_episodes(
+        episodes,
+        thresholds,
+        source=f"rollout on {train_config.env.id} {train_config.env.kwargs}",
+        budget_episodes=planned_episodes(train_config),
+        env=env,
+    )
 
 
 def recommend_for_config(train_config: Any, groups: int = 8) -> tuple[str, str]:

@@ -5,7 +5,8 @@ and their concentration) are the assigners' own, from `agentrl.credit`, computed
 `TurnBatch` layout the trainer hands them: the probe measures what the assigners will see.
 
 >>> from agentrl.core import Episode, Turn
->>> eps = [Episode([0], [Turn(1, [5], [-0.7], [6]), Turn(3, [7], [-0.1], [8])], reward=r, group_id=0) for r in (1.0, 0.0)]
+>>> turns = lambda: [Turn(1, [5], [-0.7], [6]), Turn(3, [7], [-0.1], [8])]
+>>> eps = [Episode([0], turns(), reward=r, group_id=0) for r in (1.0, 0.0)]
 >>> turns_summary(eps)
 {'median': 2.0, 'p90': 2.0, 'mean': 2.0}
 >>> round(post_observation_entropy(eps), 3)
@@ -41,7 +42,10 @@ def turns_summary(episodes: Sequence[Episode]) -> dict[str, float]:
 def tokens_per_episode(episodes: Sequence[Episode]) -> dict[str, float]:
     """Mean action tokens (trained) and mean context tokens (the whole sequence: prompt, actions,
     observations but the last) per episode."""
-    return {"action": float(np.mean([e.num_action_tokens for e in episodes])), "context": float(np.mean([len(e.token_ids()) for e in episodes]))}
+    return {
+        "action": float(np.mean([e.num_action_tokens for e in episodes])),
+        "context": float(np.mean([len(e.token_ids()) for e in episodes])),
+    }
 
 
 def step_reward_density(episodes: Sequence[Episode]) -> float:
@@ -111,7 +115,9 @@ def turn_rewards(episode: Episode, use_step_rewards: bool) -> list[float]:
 def mc_returns(episode: Episode, use_step_rewards: bool) -> list[float]:
     """G_k = sum_{k' >= k} r_k' (gamma = 1): the Monte Carlo target of a turn critic (`credit.discounted_returns`)."""
     b = as_batch([episode])
-    return credit.discounted_returns(credit.turn_rewards(b, use_step_rewards), b.turn_mask)[0, : episode.num_turns].tolist()
+    return credit.discounted_returns(credit.turn_rewards(b, use_step_rewards), b.turn_mask)[
+        0, : episode.num_turns
+    ].tolist()
 
 
 def value_changes(rewards: Sequence[float], values: Sequence[float]) -> list[float]:
@@ -121,7 +127,9 @@ def value_changes(rewards: Sequence[float], values: Sequence[float]) -> list[flo
     [0.25, 0.25]
     """
     r = torch.tensor([list(rewards)], dtype=torch.float64)
-    return credit.value_changes(r, torch.tensor([list(values)], dtype=torch.float64), torch.ones_like(r, dtype=torch.bool))[0].tolist()
+    return credit.value_changes(
+        r, torch.tensor([list(values)], dtype=torch.float64), torch.ones_like(r, dtype=torch.bool)
+    )[0].tolist()
 
 
 def concentration(d: Sequence[float]) -> float:

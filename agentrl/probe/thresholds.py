@@ -49,7 +49,9 @@ def _registered(names: list[str], field: str) -> list[str]:
 
     unknown = [n for n in names if n not in ASSIGNERS]
     if unknown:
-        raise ValueError(f"{field}: {unknown} not registered in agentrl.algorithms.ASSIGNERS; known: {sorted(ASSIGNERS)}")
+        raise ValueError(
+            f"{field}: {unknown} not registered in agentrl.algorithms.ASSIGNERS; known: {sorted(ASSIGNERS)}"
+        )
     return names
 
 
@@ -62,30 +64,125 @@ class ProbeThresholds(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    min_episodes: int = Field(32, ge=1, description="Fewer probed episodes than this: the statistics are too noisy to act on, so the safe choice (grpo).")
-    max_zero_adv_frac: float = Field(0.8, ge=0, le=1, description="More groups than this with all-equal rewards: no assigner has signal to spread; fix sampling or the curriculum first (DAPO's dynamic sampling exists for this).")
-    horizon_cutoff: float | None = Field(30.0, description="Median turns per episode below which grpo is recommended. Fallback: the brief's ~30 turns. From a sweep: halfway between the last horizon where no turn-level assigner beat grpo and the first where one did. None: the sweep found no such horizon, so turn-level is never recommended.")
-    min_budget_episodes: int = Field(10_000, ge=0, description="Planned training episodes below which grpo is recommended (a critic needs data). Fallback: the brief's 'tens of thousands of rollouts'. From a sweep: the per-run budget with which turn-level credit won there.")
-    turn_level_candidates: list[str] = Field(default_factory=turn_level_assigners, description="Turn-level assigners the rules may pick. Fallback: every registered turn-level assigner. From a sweep: those within the seeds' spread of the best at the horizons past the crossover.")
-    long_horizon_algo: str = Field("turn-ppo", description="Picked at a long horizon when no more specific rule fires. §5: turn-ppo; from a sweep: the best turn-level assigner past the crossover.")
-    picks: dict[str, str] = Field(default_factory=lambda: {"step-scores-only": "steppo", "dense-step-scores": "steppo", "critic-not-learnable": "gigpo", "concentrated-value-changes": "arpo"},
-                                  description="The assigner each condition-specific rule recommends: the one whose credit reads that condition's signal (step scores: steppo; a critic that cannot learn but recurring states: gigpo's step groups; concentrated value changes: arpo's reweighting). Data, not code: a new assigner is routed to a condition here.")
-    min_step_signal_frac: float = Field(0.5, ge=0, le=1, description="With silent outcomes, the fraction of groups whose step scores differ from which steppo is picked (the sweep: at 37 turns, all-fail groups, only steppo learned).")
-    min_step_density: float = Field(0.25, ge=0, le=1, description="Fraction of turns with a non-zero step score above which steppo's process rewards have something to say (heuristic; the sweep does not vary density).")
-    min_value_r2: float = Field(0.2, description="Cross-validated R² of the turn-value probe below which a turn critic is judged not learnable; arpo's own explained-variance gate (0.2).")
-    min_state_recurrence: float = Field(0.2, ge=0, le=1, description="Fraction of turns that share a (group, state) with another turn above which gigpo's step groups carry signal (heuristic).")
-    concentration_ratio: float = Field(2.0, gt=0, description="arpo when the mean largest share of |value change| is at least this multiple of the uniform share 1/K (heuristic: twice as concentrated as uniform).")
-    cv_folds: int = Field(5, ge=2, description="Folds of the value probe's cross-validation, split by group so that no task is both fit and scored.")
-    ridge_alpha: float | None = Field(None, ge=0, description="Ridge penalty on standardised features. None: chosen inside each training fold from ridge_alphas by an inner group k-fold (nested, so the reported R² is not flattered by the choice); a 96-wide hidden state on a few hundred turns needs a strong penalty, cheap features almost none.")
-    ridge_alphas: list[float] = Field(default_factory=lambda: [0.1, 1.0, 10.0, 100.0, 1000.0], description="The penalties tried when ridge_alpha is None.")
-    use_step_rewards: bool = Field(False, description="Put step rewards into the Monte Carlo returns; off, as arpo and turn-ppo default: credit from the verifier's outcome alone.")
+    min_episodes: int = Field(
+        32,
+        ge=1,
+        description="Fewer probed episodes than this: the statistics are too noisy to act on, so the safe choice "
+        "(grpo).",
+    )
+    max_zero_adv_frac: float = Field(
+        0.8,
+        ge=0,
+        le=1,
+        description="More groups than this with all-equal rewards: no assigner has signal to spread; fix sampling or "
+        "the curriculum first (DAPO's dynamic sampling exists for this).",
+    )
+    horizon_cutoff: float | None = Field(
+        30.0,
+        description="Median turns per episode below which grpo is recommended. Fallback: the brief's ~30 turns. From "
+        "a sweep: halfway between the last horizon where no turn-level assigner beat grpo and the first where "
+        "one did. None: the sweep found no such horizon, so turn-level is never recommended.",
+    )
+    min_budget_episodes: int = Field(
+        10_000,
+        ge=0,
+        description="Planned training episodes below which grpo is recommended (a critic needs data). Fallback: the "
+        "brief's 'tens of thousands of rollouts'. From a sweep: the per-run budget with which turn-level credit "
+        "won there.",
+    )
+    turn_level_candidates: list[str] = Field(
+        default_factory=turn_level_assigners,
+        description="Turn-level assigners the rules may pick. Fallback: every registered turn-level assigner. From a "
+        "sweep: those within the seeds' spread of the best at the horizons past the crossover.",
+    )
+    long_horizon_algo: str = Field(
+        "turn-ppo",
+        description="Picked at a long horizon when no more specific rule fires. §5: turn-ppo; from a sweep: the best "
+        "turn-level assigner past the crossover.",
+    )
+    picks: dict[str, str] = Field(
+        default_factory=lambda: {
+            "step-scores-only": "steppo",
+            "dense-step-scores": "steppo",
+            "critic-not-learnable": "gigpo",
+            "concentrated-value-changes": "arpo",
+        },
+        description="The assigner each condition-specific rule recommends: the one whose credit reads that "
+        "condition's signal (step scores: steppo; a critic that cannot learn but recurring states: gigpo's step "
+        "groups; concentrated value changes: arpo's reweighting). Data, not code: a new assigner is routed to a "
+        "condition here.",
+    )
+    min_step_signal_frac: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="With silent outcomes, the fraction of groups whose step scores differ from which steppo is "
+        "picked (the sweep: at 37 turns, all-fail groups, only steppo learned).",
+    )
+    min_step_density: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="Fraction of turns with a non-zero step score above which steppo's process rewards have something "
+        "to say (heuristic; the sweep does not vary density).",
+    )
+    min_value_r2: float = Field(
+        0.2,
+        description="Cross-validated R² of the turn-value probe below which a turn critic is judged not learnable; "
+        "arpo's own explained-variance gate (0.2).",
+    )
+    min_state_recurrence: float = Field(
+        0.2,
+        ge=0,
+        le=1,
+        description="Fraction of turns that share a (group, state) with another turn above which gigpo's step groups "
+        "carry signal (heuristic).",
+    )
+    concentration_ratio: float = Field(
+        2.0,
+        gt=0,
+        description="arpo when the mean largest share of |value change| is at least this multiple of the uniform "
+        "share 1/K (heuristic: twice as concentrated as uniform).",
+    )
+    cv_folds: int = Field(
+        5,
+        ge=2,
+        description="Folds of the value probe's cross-validation, split by group so that no task is both fit and "
+        "scored.",
+    )
+    ridge_alpha: float | None = Field(
+        None,
+        ge=0,
+        description="Ridge penalty on standardised features. None: chosen inside each training fold from ridge_alphas "
+        "by an inner group k-fold (nested, so the reported R² is not flattered by the choice); a 96-wide hidden "
+        "state on a few hundred turns needs a strong penalty, cheap features almost none.",
+    )
+    ridge_alphas: list[float] = Field(
+        default_factory=lambda: [0.1, 1.0, 10.0, 100.0, 1000.0],
+        description="The penalties tried when ridge_alpha is None.",
+    )
+    use_step_rewards: bool = Field(
+        False,
+        description="Put step rewards into the Monte Carlo returns; off, as arpo and turn-ppo default: credit from "
+        "the verifier's outcome alone.",
+    )
     seed: int = Field(0, description="Seeds the fold split.")
-    source: str = Field("literature", description="Where the horizon thresholds came from: 'literature', the packaged calibration, or a sweep file.")
+    source: str = Field(
+        "literature",
+        description="Where the horizon thresholds came from: 'literature', the packaged calibration, or a sweep file.",
+    )
     sweep_started: str | None = Field(None, description="The sweep's start date, when the thresholds came from one.")
     sweep_command: str | None = Field(None, description="The command that ran the sweep.")
-    sweep_sha256: str | None = Field(None, description="SHA-256 of the sweep's results file, so a calibration names the exact results it read.")
-    sweep_commit: str | None = Field(None, description="The commit that last changed the sweep's results file, when calibrated in a git checkout.")
-    derivation: str = Field("the brief's cut-offs (~30 turns, tens of thousands of rollouts); no horizon sweep results were read", description="How the horizon thresholds were derived, in words.")
+    sweep_sha256: str | None = Field(
+        None, description="SHA-256 of the sweep's results file, so a calibration names the exact results it read."
+    )
+    sweep_commit: str | None = Field(
+        None, description="The commit that last changed the sweep's results file, when calibrated in a git checkout."
+    )
+    derivation: str = Field(
+        "the brief's cut-offs (~30 turns, tens of thousands of rollouts); no horizon sweep results were read",
+        description="How the horizon thresholds were derived, in words.",
+    )
 
     @field_validator("turn_level_candidates")
     @classmethod
@@ -115,8 +212,10 @@ def packaged_thresholds() -> ProbeThresholds:
     try:
         data = json.loads(ref.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise FileNotFoundError(f"{where} is missing from this install: the package data was not shipped "
-                                "(pyproject.toml [tool.setuptools.package-data])") from None
+        raise FileNotFoundError(
+            f"{where} is missing from this install: the package data was not shipped "
+            "(pyproject.toml [tool.setuptools.package-data])"
+        ) from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{where}: not valid JSON ({e})") from e
     t = thresholds_from_record(data, where)
@@ -126,7 +225,9 @@ def packaged_thresholds() -> ProbeThresholds:
 def thresholds_from_record(data: Any, where: str) -> ProbeThresholds:
     """A `ProbeThresholds` from a calibration record ({"generated_by": ..., "thresholds": {...}})."""
     if not isinstance(data, dict) or not isinstance(data.get("thresholds"), dict):
-        raise ValueError(f"{where}: expected an object with a 'thresholds' object (written by python -m agentrl.probe calibrate)")
+        raise ValueError(
+            f"{where}: expected an object with a 'thresholds' object (written by python -m agentrl.probe calibrate)"
+        )
     allowed = set(CALIBRATED) | set(PROVENANCE)
     extra = sorted(set(data["thresholds"]) - allowed)
     if extra:
@@ -134,7 +235,9 @@ def thresholds_from_record(data: Any, where: str) -> ProbeThresholds:
     try:
         return ProbeThresholds(**data["thresholds"])
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']} (got {err['input']!r})" for err in e.errors())
+        problems = "; ".join(
+            f"{'.'.join(map(str, err['loc']))}: {err['msg']} (got {err['input']!r})" for err in e.errors()
+        )
         raise ValueError(f"{where}: {problems}") from e
 
 

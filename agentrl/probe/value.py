@@ -82,8 +82,14 @@ def choose_alpha(X: np.ndarray, y: np.ndarray, groups: np.ndarray, alphas: Seque
     return float(alphas[int(np.argmin(errors))])
 
 
-def cv_r2(X: np.ndarray, y: np.ndarray, folds: np.ndarray, alpha: float | None, groups: np.ndarray | None = None,
-          alphas: Sequence[float] = (0.1, 1.0, 10.0, 100.0, 1000.0)) -> tuple[float, np.ndarray]:
+def cv_r2(
+    X: np.ndarray,
+    y: np.ndarray,
+    folds: np.ndarray,
+    alpha: float | None,
+    groups: np.ndarray | None = None,
+    alphas: Sequence[float] = (0.1, 1.0, 10.0, 100.0, 1000.0),
+) -> tuple[float, np.ndarray]:
     """Out-of-fold R² (1 - SSE / SST over all rows) and the out-of-fold predictions.
 
     With `alpha` None the penalty is chosen inside each training fold (`choose_alpha` over its
@@ -93,7 +99,11 @@ def cv_r2(X: np.ndarray, y: np.ndarray, folds: np.ndarray, alpha: float | None, 
     pred = np.zeros_like(y)
     for f in np.unique(folds):
         test = folds == f
-        a = alpha if alpha is not None else choose_alpha(X[~test], y[~test], (groups if groups is not None else folds)[~test], alphas)
+        a = (
+            alpha
+            if alpha is not None
+            else choose_alpha(X[~test], y[~test], (groups if groups is not None else folds)[~test], alphas)
+        )
         pred[test] = ridge_fit(X[~test], y[~test], a)(X[test])
     sst = float(((y - y.mean()) ** 2).sum())
     if sst < 1e-12:
