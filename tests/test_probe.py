@@ -167,10 +167,21 @@ def test_value_probe_on_hidden_states_hand_computed():
 
 
 def test_value_probe_falls_back_to_cheap_features():
-    eps = [ep(2 + (i % 3), float(i % 2), i // 2) for i in range(12)]
-    stats, _ = measure(eps, ProbeThresholds())
+    """No hidden states: the probe uses the cheap features, of which "malformed so far" carries the
+    signal here. Each group: a passing episode, and a failing one whose first call was malformed
+    (so its second turn starts with one malformed call behind it); two turns each. Least squares on
+    (turn, malformed so far) fits the three cells exactly: turn 0 -> 0.5 (one pass, one fail),
+    passing turn 1 -> 1, failing turn 1 -> 0; every training fold has the same mix. SST = 4N x 0.25,
+    SSE = N (0.25 + 0.25) -> R² = 0.5 (a tiny ridge penalty keeps the collinear columns solvable)."""
+    eps = []
+    for g in range(6):
+        win, lose = ep(2, 1.0, g), ep(2, 0.0, g)
+        lose.turns[0].malformed = 1
+        eps += [win, lose]
+    stats, curves = measure(eps, ProbeThresholds(ridge_alpha=1e-8, cv_folds=3))
     assert stats.value_features.startswith("cheap:")
-    assert stats.value_r2 is not None and stats.value_r2 <= 1.0
+    assert stats.value_r2 == pytest.approx(0.5, abs=1e-4)
+    assert curves.value_by_turn == pytest.approx([0.5, 0.5], abs=1e-4)
     one_group = measure([ep(2, 1.0, 0), ep(2, 0.0, 0)], ProbeThresholds())[0]
     assert one_group.value_r2 is None and one_group.value_change_concentration is None
 
@@ -404,7 +415,8 @@ def test_a_newly_registered_turn_level_assigner_can_be_recommended(monkeypatch):
     from agentrl.algorithms import ASSIGNERS
     from agentrl.probe import turn_level_assigners
 
-    s = sweep({1: {"grpo": [0.8, 0.9], "toy-turn": [0.8, 0.85]}, 8: {"grpo": [0.3, 0.4], "toy-turn": [0.6, 0.7], "gigpo": [0.35, 0.4]}})
+    s = sweep({1: {"grpo": [0.8, 0.9], "toy-turn": [0.8, 0.85]},
+               8: {"grpo": [0.3, 0.4], "toy-turn": [0.6, 0.7], "gigpo": [0.35, 0.4]}})
     before = thresholds_from_sweep(s)  # unregistered: the sweep's toy-turn runs are not turn-level credit
     assert before.horizon_cutoff is None and "toy-turn" not in turn_level_assigners()
 
@@ -414,7 +426,8 @@ def test_a_newly_registered_turn_level_assigner_can_be_recommended(monkeypatch):
     rec, _ = recommend(stats(turns_median=17), t, 640)
     assert (rec.algo, rec.rule) == ("toy-turn", "long-horizon")
 
-    routed = TH.model_copy(update={"turn_level_candidates": ["toy-turn"], "picks": {**TH.picks, "dense-step-scores": "toy-turn"}})
+    picks = {**TH.picks, "dense-step-scores": "toy-turn"}
+    routed = TH.model_copy(update={"turn_level_candidates": ["toy-turn"], "picks": picks})
     rec, _ = recommend(stats(step_reward_density=0.5), routed, 1000)
     assert (rec.algo, rec.rule) == ("toy-turn", "dense-step-scores")
 
