@@ -32,12 +32,26 @@ class Credit:
     metrics: dict[str, float] = field(default_factory=dict)  # logged under credit/
 
 
+@dataclass(frozen=True)
+class Fit:
+    """What `fit` learned from a batch that `assign` needs, passed to it explicitly: the metrics, the
+    per-turn quantities computed under the heads as they were before fitting (held-out estimates),
+    and whether the policy trains on this batch (False while a critic warms up)."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    per_turn: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> (B, K)
+    trains_policy: bool = True
+
+
 class CreditAssigner(Protocol):
-    """What the trainer calls; the registry entry (`agentrl.algorithms.AssignerSpec`) holds its name and options."""
+    """What the trainer calls; the registry entry (`agentrl.algorithms.AssignerSpec`) holds its name and options.
 
-    def fit(self, batch: TurnBatch) -> dict[str, float]: ...
+    `fit` may train the assigner's own networks (a critic, a PRM) on the batch; `assign` turns the
+    batch and what `fit` returned into advantages. Neither writes into the batch."""
 
-    def assign(self, batch: TurnBatch) -> Credit: ...
+    def fit(self, batch: TurnBatch) -> Fit: ...
+
+    def assign(self, batch: TurnBatch, fit: Fit) -> Credit: ...
 
 
 def group_advantages(

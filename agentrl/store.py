@@ -54,7 +54,7 @@ class StoreError(ValueError):
     """A store file is missing, unreadable or not an agentrl store."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class TurnBatch:
     """Episodes as tensors, one row per episode, aligned to token positions.
 
@@ -77,12 +77,16 @@ class TurnBatch:
     truncated: torch.Tensor  # (B,) bool
     episodes: list[Episode]
     turn_hidden: torch.Tensor | None = None  # (B, K, H) policy state before each action, if captured
-    ref_logp: torch.Tensor | None = None  # (B, T) reference log-probs, filled in by the trainer
-    advantages: torch.Tensor | None = None  # (B, T) the assigner's advantages, set by the trainer for its loss
+    ref_logp: torch.Tensor | None = None  # (B, T) reference log-probs: batch.with_(ref_logp=...) by the trainer
+    advantages: torch.Tensor | None = None  # (B, T) the assigner's, attached for the loss (select/trim carry them)
 
     @property
     def size(self) -> int:
         return self.input_ids.shape[0]
+
+    def with_(self, **columns: torch.Tensor) -> TurnBatch:
+        """A copy with more columns (the batch itself never changes once built)."""
+        return replace(self, **columns)
 
     @property
     def turn_mask(self) -> torch.Tensor:

@@ -3,7 +3,7 @@
     for each update:
         episodes = rollout(envs, task seeds x G, engine)          # one batched generate per turn
         store   <- episodes (Parquet, one file per update)
-        metrics = assigner.fit(batch); credit = assigner.assign(batch)
+        fit = assigner.fit(batch); credit = assigner.assign(batch, fit)
         loss    = policy_loss(logp, behaviour logp, credit.advantages, action mask, ...)
         optimizer step (through accelerate), metrics.jsonl, console
 
@@ -39,6 +39,7 @@ from agentrl.monitor import Monitor
 from agentrl.policy import Policy, add_lora, token_stats
 from agentrl.rollout import rollout
 from agentrl.store import TrajectoryStore, TurnBatch, make_batch
+from agentrl.workers import make_pool
 
 
 class EpisodeErrors(RuntimeError):
@@ -97,7 +98,9 @@ def evaluate(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig | None, 
     envs = [make(cfg.env.id, **kwargs) for _ in range(n)]
     seeds = [cfg.eval.seed_offset + i for i in range(n)]
     engine = make_engine(cfg, policy, sampling, seed=cfg.seed + 12345)
-    episodes, _ = rollout(envs, seeds, engine, policy.chat, max_context=max_context, max_new_tokens=sampling.max_new_tokens)
+    with make_pool(cfg.rollout.env_workers, cfg.rollout.tool_timeout, cfg.rollout.tool_timeouts) as pool:
+        episodes, _ = rollout(envs, seeds, engine, policy.chat, max_context=max_context, max_new_tokens=sampling.max_new_tokens,
+                              workers=pool, max_batch_rows=cfg.rollout.max_batch_rows)
     _raise_on_errors(episodes, None)
     return EvalResult(
         pass_rate=float(np.mean([e.passed for e in episodes])),
@@ -124,6 +127,7 @@ def rollout_metrics(episodes: list[Episode], seconds: float) -> dict[str, float]
         "rollout/episode_tokens_mean": float(np.mean([len(e.token_ids()) for e in episodes])),
         "rollout/truncated_frac": float(np.mean([e.truncated for e in episodes])),
         "rollout/malformed_per_episode": float(np.mean([e.malformed_calls for e in episodes])),
+        "rollout/tool_timeouts": float(sum(e.tool_timeouts for e in episodes)),
         "rollout/episodes": float(len(episodes)),
         "rollout/tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
     }
@@ -175,6 +179,7 @@ class Trainer:
         self.model, self.optimizer = self.accelerator.prepare(self.policy.model, opt)
         self.envs = [make(cfg.env.id, **cfg.env.kwargs) for _ in range(cfg.rollout.groups * cfg.rollout.group_size)]
         self.engine = make_engine(cfg, self.policy, cfg.rollout.sampling, seed=cfg.seed, capture_hidden=self.spec.reads_hidden(cfg.credit))
+        self.workers = make_pool(cfg.rollout.env_workers, cfg.rollout.tool_timeout, cfg.rollout.tool_timeouts)
         self.syncs_weights = get_engine_spec(cfg.engine).syncs_weights
         self.task_rng = np.random.default_rng(cfg.seed)
         self.next_group = 0
@@ -238,7 +243,8 @@ class Trainer:
             gids = [self.next_group + i // G for i in range(len(seeds))]
             self.next_group += cfg.rollout.groups
             episodes, _ = rollout(self.envs, seeds, self.engine, self.policy.chat, group_ids=gids,
-                                  max_context=self.max_context, max_new_tokens=cfg.rollout.sampling.max_new_tokens)
+                                  max_context=self.max_context, max_new_tokens=cfg.rollout.sampling.max_new_tokens,
+                                  workers=self.workers, max_batch_rows=cfg.rollout.max_batch_rows, policy_version=update)
             path = TrajectoryStore(episodes).save(self.out / "store" / f"update_{update:05d}_{attempt}.parquet")
             _raise_on_errors(episodes, path)
             all_eps += episodes
@@ -264,8 +270,7 @@ class Trainer:
         if len(rows) == 0 or float(credit.advantages.abs().sum()) == 0.0:
             return {"train/skipped": 1.0, "train/trained_episodes": 0.0}
         device = self.accelerator.device
-        batch = batch.select(rows)
-        batch.advantages = credit.advantages[rows]  # travels with select() and trim() below
+        batch = batch.select(rows).with_(advantages=credit.advantages[rows])  # travels with select() and trim() below
         stats: dict[str, float] = {}
         steps, t0, tokens, padded = 0, time.perf_counter(), 0, 0
         self.model.train()
@@ -363,10 +368,10 @@ class Trainer:
             episodes, metrics = self.collect(update)
             t_roll = time.perf_counter() - t0
             batch = make_batch(episodes, self.policy.chat.pad_id)
-            batch.ref_logp = self.reference_logp(batch)  # once per batch: the loss's KL and the implicit PRM read it
-            fit_metrics = self.assigner.fit(batch)
-            credit = self.assigner.assign(batch)
-            metrics.update({f"credit/{k}": v for k, v in {**fit_metrics, **credit.metrics}.items()})
+            batch = batch.with_(ref_logp=self.reference_logp(batch))  # once per batch: the KL and the implicit PRM read it
+            fit = self.assigner.fit(batch)
+            credit = self.assigner.assign(batch, fit)
+            metrics.update({f"credit/{k}": v for k, v in {**fit.metrics, **credit.metrics}.items()})
             if metrics.get("credit/groups"):
                 metrics["credit/all_pass_frac"] = metrics.get("credit/all_pass_groups", 0.0) / metrics["credit/groups"]
                 metrics["credit/all_fail_frac"] = metrics.get("credit/all_fail_groups", 0.0) / metrics["credit/groups"]

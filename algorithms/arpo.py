@@ -24,6 +24,7 @@ from agentrl.algorithms.configs import ARPOConfig
 from agentrl.algorithms.grpo import GRPO
 from agentrl.credit import (
     Credit,
+    Fit,
     TurnCritic,
     discounted_returns,
     explained_variance,
@@ -43,44 +44,39 @@ class ARPO(GRPO):
         size = hidden_size or (policy.model.config.hidden_size if policy is not None else None)
         self.critic = critic if critic is not None else TurnCritic(size, self.cfg.critic)
         self.gate_passes = 0
-        self._d: torch.Tensor | None = None
-        self._ev = 0.0
 
     @property
     def lam(self) -> float:
         return self.cfg.lam_max * min(1.0, self.gate_passes / self.cfg.ramp_updates)
 
-    def fit(self, batch: TurnBatch) -> dict[str, float]:
+    def fit(self, batch: TurnBatch) -> Fit:
         feats = turn_features(batch, self.model)
         mask = batch.turn_mask
         r = turn_rewards(batch, self.cfg.use_step_rewards)
         G = discounted_returns(r, mask)  # Monte Carlo targets, gamma = 1
         V = self.critic.values(feats, mask)  # (B, K) before fitting: these episodes are held out
-        self._ev = explained_variance(V[mask], G[mask])
-        if self._ev >= self.cfg.ev_gate:
+        ev = explained_variance(V[mask], G[mask])
+        if ev >= self.cfg.ev_gate:
             self.gate_passes += 1
-        self._d = value_changes(r, V, mask)  # (B, K) d_k = r_k + V(s_{k+1}) - V(s_k)
+        d = value_changes(r, V, mask)  # (B, K) d_k = r_k + V(s_{k+1}) - V(s_k), under the pre-fit critic
         metrics = self.critic.fit(feats, mask, G)
-        return {**metrics, "critic_ev": self._ev}
+        return Fit({**metrics, "critic_ev": ev, "arpo_lambda": self.lam}, per_turn={"d": d})
 
-    def assign(self, batch: TurnBatch) -> Credit:
-        if self._d is None or self._d.shape[0] != batch.size:
-            self.fit(batch)
+    def assign(self, batch: TurnBatch, fit: Fit) -> Credit:
         A, weight, metrics = self.episode_advantages(batch)
         mask = batch.turn_mask.float()
         K = batch.num_turns.clamp(min=1).float()[:, None]  # (B, 1)
-        d = self._d
+        d, lam = fit.per_turn["d"], fit.metrics["arpo_lambda"]
         if self.cfg.signed:
             valid = d[batch.turn_mask]
             z = (d - valid.mean()) / (valid.std() + 1e-6) if valid.numel() > 1 else torch.zeros_like(d)
-            turn_adv = (A[:, None] + self.cfg.omega * z * (self.lam > 0)) * mask
+            turn_adv = (A[:, None] + self.cfg.omega * z * (lam > 0)) * mask
         else:
             absd = d.abs() * mask
             total = absd.sum(1, keepdim=True)
             w = torch.where(total > 1e-8, absd / total.clamp(min=1e-8), mask / K)
-            w_mix = (1 - self.lam) / K + self.lam * w
+            w_mix = (1 - lam) / K + lam * w
             turn_adv = K * w_mix * A[:, None] * mask  # (B, K)
-        metrics.update({"arpo_lambda": self.lam, "critic_ev": self._ev,
+        metrics.update({"arpo_lambda": lam, "critic_ev": fit.metrics["critic_ev"],
                         "value_change_concentration": float(value_change_concentration(d, batch.turn_mask).mean())})
-        self._d = None
         return Credit(tokens_from_turns(turn_adv, batch), weight, metrics)

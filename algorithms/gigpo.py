@@ -16,7 +16,7 @@ import torch
 
 from agentrl.algorithms.configs import GiGPOConfig
 from agentrl.algorithms.grpo import GRPO
-from agentrl.credit import Credit, discounted_returns, tokens_from_turns, turn_rewards
+from agentrl.credit import Credit, Fit, discounted_returns, tokens_from_turns, turn_rewards
 from agentrl.store import TurnBatch
 
 
@@ -45,7 +45,7 @@ class GiGPO(GRPO):
         n_turns = max(int(mask.sum()), 1)
         return A_step, {"step_groups": float(len(step_groups)), "state_recurrence": float(sum(s for s in sizes if s > 1) / n_turns)}
 
-    def assign(self, batch: TurnBatch) -> Credit:
+    def assign(self, batch: TurnBatch, fit: Fit) -> Credit:
         A, weight, metrics = self.episode_advantages(batch)
         A_step, step_metrics = self.step_advantages(batch)
         metrics.update(step_metrics)

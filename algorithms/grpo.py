@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from agentrl.algorithms.configs import GRPOConfig
-from agentrl.credit import Credit, group_advantages, tokens_from_episodes
+from agentrl.credit import Credit, Fit, group_advantages, tokens_from_episodes
 from agentrl.store import TurnBatch
 
 
@@ -26,8 +26,8 @@ class GRPO:
     def __init__(self, config: GRPOConfig | None = None, **_: object):
         self.cfg = config or GRPOConfig()
 
-    def fit(self, batch: TurnBatch) -> dict[str, float]:
-        return {}
+    def fit(self, batch: TurnBatch) -> Fit:
+        return Fit()  # nothing to learn: the group is the baseline
 
     def episode_advantages(self, batch: TurnBatch) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
         """(B,) advantages, (B,) row weights and credit metrics; reused by the turn-level assigners."""
@@ -46,6 +46,6 @@ class GRPO:
         metrics["adv_abs_mean"] = float(adv.abs().mean())
         return adv, weight, metrics
 
-    def assign(self, batch: TurnBatch) -> Credit:
+    def assign(self, batch: TurnBatch, fit: Fit) -> Credit:
         adv, weight, metrics = self.episode_advantages(batch)
         return Credit(tokens_from_episodes(adv, batch), weight, metrics)

@@ -26,7 +26,7 @@ import torch
 
 from agentrl.algorithms.configs import StepPOConfig
 from agentrl.algorithms.grpo import GRPO
-from agentrl.credit import Credit, TurnHead, tokens_from_turns, turn_features
+from agentrl.credit import Credit, Fit, TurnHead, tokens_from_turns, turn_features
 from agentrl.store import TurnBatch
 
 
@@ -61,7 +61,7 @@ class StepPO(GRPO):
         with torch.no_grad():
             return torch.sigmoid(self.head(turn_features(batch, self.model))) * mask
 
-    def fit(self, batch: TurnBatch) -> dict[str, float]:
+    def fit(self, batch: TurnBatch) -> Fit:
         scores = self.score(batch)  # before fitting: these episodes are held out for the PRM
         corr = pearson(scores.sum(1), batch.rewards)
         metrics = {"prm_outcome_corr": corr}
@@ -71,9 +71,9 @@ class StepPO(GRPO):
             # Monte Carlo success estimate of each turn: the outcome of the episode it led to
             target = (batch.rewards >= 1.0).float()[:, None].expand_as(mask)
             metrics["prm_loss"] = self.head.fit(feats[mask], target[mask], loss="bce")
-        return metrics
+        return Fit(metrics)
 
-    def assign(self, batch: TurnBatch) -> Credit:
+    def assign(self, batch: TurnBatch, fit: Fit) -> Credit:
         A, weight, metrics = self.episode_advantages(batch)
         mask = batch.turn_mask
         p = self.score(batch)

@@ -22,6 +22,7 @@ import torch
 from agentrl.algorithms.configs import TurnPPOConfig
 from agentrl.credit import (
     Credit,
+    Fit,
     TurnCritic,
     explained_variance,
     final_features,
@@ -43,8 +44,6 @@ class TurnPPO:
         self.critic = critic if critic is not None else TurnCritic(size, self.cfg.critic)
         self.updates = 0
         self.warm = self.cfg.warmup_updates == 0
-        self._adv: torch.Tensor | None = None
-        self._metrics: dict[str, float] = {}
 
     def advantages(self, batch: TurnBatch, feats: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(A, V, bootstrap) under the current critic; A is not whitened."""
@@ -55,7 +54,7 @@ class TurnPPO:
         r = turn_rewards(batch, self.cfg.use_step_rewards)
         return gae(r, V, mask, boot, self.cfg.gamma, self.cfg.lam), V, boot
 
-    def fit(self, batch: TurnBatch) -> dict[str, float]:
+    def fit(self, batch: TurnBatch) -> Fit:
         feats = turn_features(batch, self.model)
         mask = batch.turn_mask
         A, V, _ = self.advantages(batch, feats)
@@ -64,22 +63,17 @@ class TurnPPO:
         self.updates += 1
         if not self.warm and (ev >= self.cfg.warmup_ev or self.updates > self.cfg.warmup_updates):
             self.warm = True  # the policy moves from this update on
-        self._adv = A
         metrics = self.critic.fit(feats, mask, returns, old=V)
-        self._metrics = {"critic_ev": ev, "critic_warmup": float(not self.warm)}
-        return {**metrics, **self._metrics}
+        metrics.update({"critic_ev": ev, "critic_warmup": float(not self.warm)})
+        # A under the pre-fit critic: the critic has not seen these episodes' returns when it judges them
+        return Fit(metrics, per_turn={"A": A}, trains_policy=self.warm)
 
-    def assign(self, batch: TurnBatch) -> Credit:
-        if self._adv is None or self._adv.shape[0] != batch.size:
-            A, _, _ = self.advantages(batch)
-            warm = self.warm
-        else:
-            A, warm = self._adv, self._metrics.get("critic_warmup", 0.0) == 0.0
+    def assign(self, batch: TurnBatch, fit: Fit) -> Credit:
+        A, warm = fit.per_turn["A"], fit.trains_policy
         mask = batch.turn_mask
         if self.cfg.whiten and mask.sum() > 1:
             vals = A[mask]
             A = (A - vals.mean()) / (vals.std() + 1e-8) * mask
-        self._adv = None
         weight = torch.ones(batch.size) if warm else torch.zeros(batch.size)  # critic-only during warm-up
         _, groups = group_advantages(batch.rewards, batch.group_ids)  # for the zero-signal counters only
         metrics = {k: float(v) for k, v in groups.items() if k != "zero_mask"}

@@ -58,7 +58,7 @@ def worker(args: argparse.Namespace) -> None:
     # rollout batch with random advantages, which is the same work for the optimizer
     episodes, _ = trainer.collect(1)
     batch = make_batch(episodes, trainer.policy.chat.pad_id)
-    batch.ref_logp = trainer.reference_logp(batch)
+    batch = batch.with_(ref_logp=trainer.reference_logp(batch))
     gen = torch.Generator().manual_seed(0)
     credit = Credit(torch.randn(batch.action_mask.shape, generator=gen) * batch.action_mask, torch.ones(batch.size))
     for _ in range(args.updates):

@@ -12,7 +12,7 @@ from agentrl.algorithms.gigpo import GiGPO, GiGPOConfig
 from agentrl.algorithms.steppo import StepPO, StepPOConfig
 from agentrl.algorithms.turn_ppo import TurnPPO, TurnPPOConfig
 from agentrl.core import Episode, Turn
-from agentrl.credit import discounted_returns, gae, turn_rewards
+from agentrl.credit import Fit, discounted_returns, gae, turn_rewards
 from agentrl.store import make_batch
 
 S = 2 ** -0.5  # |A_i| of a two-episode group with rewards 1 and 0, std-normalised
@@ -96,8 +96,7 @@ def test_turn_ppo_assigns_gae_per_turn_and_bootstraps_only_truncated():
     batch = make_batch(eps, 0)
     critic = TableCritic([[0.5, 0.6, 0.8], [0.5, 0.6, 0.8]], bootstrap=[0.7, 0.7])
     tp = TurnPPO(TurnPPOConfig(gamma=0.9, lam=0.5, whiten=False, warmup_updates=0), critic=critic)
-    tp.fit(batch)
-    credit = tp.assign(batch)
+    credit = tp.assign(batch, tp.fit(batch))
     d2 = 0.9 * 0.7 - 0.8
     a1 = 0.12 + 0.45 * d2
     close(turn_values(credit, batch), [[0.1345, 0.21, 0.2], [0.04 + 0.45 * a1, a1, d2]])
@@ -111,8 +110,7 @@ def test_turn_ppo_whitens_over_turns_and_warms_up_critic_only():
     tp = TurnPPO(TurnPPOConfig(gamma=1.0, lam=1.0, warmup_updates=2, warmup_ev=2.0), critic=critic)
     weights = []
     for _ in range(3):
-        tp.fit(batch)
-        c = tp.assign(batch)
+        c = tp.assign(batch, tp.fit(batch))
         weights.append(c.row_weight.tolist())
     assert weights == [[0, 0], [0, 0], [1, 1]]  # two critic-only updates, then the policy moves
     vals = turn_values(c, batch)[batch.turn_mask]
@@ -133,8 +131,8 @@ def test_arpo_gate_closed_gives_grpo():
     critic = TableCritic([[0.5, 0.5], [0.5, 0.5]])  # EV 0: the gate stays shut
     a = ARPO(ARPOConfig(ramp_updates=1), critic=critic)
     m = a.fit(batch)
-    credit = a.assign(batch)
-    assert m["critic_ev"] == pytest.approx(0.0) and credit.metrics["arpo_lambda"] == 0.0
+    credit = a.assign(batch, m)
+    assert m.metrics["critic_ev"] == pytest.approx(0.0) and credit.metrics["arpo_lambda"] == 0.0
     close(turn_values(credit, batch), [[S, S], [-S, -S]], 1e-5)
     assert_observations_zero(credit, batch)
 
@@ -144,8 +142,8 @@ def test_arpo_reweights_by_value_change_once_gated():
     critic = TableCritic([[0.5, 0.9], [0.5, 0.1]])  # EV 0.48 on G = [1, 1, 0, 0]
     a = ARPO(ARPOConfig(lam_max=0.5, ramp_updates=1, ev_gate=0.2), critic=critic)
     m = a.fit(batch)
-    credit = a.assign(batch)
-    assert m["critic_ev"] == pytest.approx(0.48)
+    credit = a.assign(batch, m)
+    assert m.metrics["critic_ev"] == pytest.approx(0.48)
     # d = [0.4, 0.1] and [-0.4, -0.1] -> w = [0.8, 0.2]; w~ = 0.25 + 0.5 w = [0.65, 0.35]; A_ik = 2 w~ A_i
     close(turn_values(credit, batch), [[1.3 * S, 0.7 * S], [-1.3 * S, -0.7 * S]], 1e-5)
     # the turn-mean of A_ik is A_i
@@ -157,16 +155,14 @@ def test_arpo_lambda_ramps_over_updates():
     a = ARPO(ARPOConfig(lam_max=0.6, ramp_updates=3), critic=TableCritic([[0.5, 0.9], [0.5, 0.1]]))
     lams = []
     for _ in range(4):
-        a.fit(batch)
-        lams.append(a.assign(batch).metrics["arpo_lambda"])
+        lams.append(a.assign(batch, a.fit(batch)).metrics["arpo_lambda"])
     assert lams == pytest.approx([0.2, 0.4, 0.6, 0.6])
 
 
 def test_arpo_signed_ablation():
     batch = arpo_batch()
     a = ARPO(ARPOConfig(signed=True, omega=1.0, ramp_updates=1), critic=TableCritic([[0.5, 0.9], [0.5, 0.1]]))
-    a.fit(batch)
-    credit = a.assign(batch)
+    credit = a.assign(batch, a.fit(batch))
     d = torch.tensor([0.4, 0.1, -0.4, -0.1])
     z = ((d - d.mean()) / (d.std() + 1e-6)).view(2, 2)
     expect = torch.tensor([[S, S], [-S, -S]]) + z
@@ -176,8 +172,7 @@ def test_arpo_signed_ablation():
 def test_arpo_group_of_one_keeps_its_reward():
     batch = make_batch([episode(1.0, group=5)], 0)
     a = ARPO(ARPOConfig(ramp_updates=1), critic=TableCritic([[0.5, 0.9]]))
-    a.fit(batch)
-    close(turn_values(a.assign(batch), batch), [[1.0, 1.0]])
+    close(turn_values(a.assign(batch, a.fit(batch)), batch), [[1.0, 1.0]])
 
 
 # -- steppo -------------------------------------------------------------------------------------
@@ -187,16 +182,16 @@ def test_steppo_env_prm_reward_to_go_of_group_normalised_scores():
     batch = make_batch([episode(1.0, step=[0.5, 0.5]), episode(0.0, step=[0.5, 0.0])], 0)
     s = StepPO(StepPOConfig(prm="env"))
     m = s.fit(batch)
-    credit = s.assign(batch)
+    credit = s.assign(batch, m)
     # scores [0.5, 0.5, 0.5, 0] -> mean 0.375, std 0.25 -> [0.5, 0.5, 0.5, -1.5]; to-go [1, 0.5], [-1, -1.5]
     close(turn_values(credit, batch), [[S + 1.0, S + 0.5], [-S - 1.0, -S - 1.5]], 1e-5)
-    assert m["prm_outcome_corr"] == pytest.approx(1.0)  # summed scores 1.0 vs 0.5 against outcomes 1 vs 0
+    assert m.metrics["prm_outcome_corr"] == pytest.approx(1.0)  # summed scores 1.0 vs 0.5 against outcomes 1 vs 0
     assert_observations_zero(credit, batch)
 
 
 def test_steppo_implicit_prm_sums_log_ratio_per_turn():
     batch = make_batch([episode(1.0), episode(0.0)], 0)
-    batch.ref_logp = batch.behaviour_logp.clone()
+    batch = batch.with_(ref_logp=batch.behaviour_logp.clone())
     batch.ref_logp[0, 1:3] -= 0.5  # turn 0 of episode 0: log(pi/ref) = +0.5 on each of its 2 tokens
     s = StepPO(StepPOConfig(prm="implicit", implicit_beta=0.1))
     close(s.score(batch), [[0.1, 0.0], [0.0, 0.0]])
@@ -215,7 +210,7 @@ def test_steppo_learned_prm_learns_outcome_from_states():
     s.fit(batch)
     scores = s.score(batch)
     assert (scores[1::2].mean() - scores[0::2].mean()) > 0.5
-    assert s.fit(batch)["prm_outcome_corr"] > 0.9
+    assert s.fit(batch).metrics["prm_outcome_corr"] > 0.9
 
 
 # -- gigpo --------------------------------------------------------------------------------------
@@ -229,7 +224,7 @@ def test_gigpo_step_groups_by_state_key():
     ]
     batch = make_batch(eps, 0)
     g = GiGPO(GiGPOConfig(gamma=0.5, omega=1.0))
-    credit = g.assign(batch)
+    credit = g.assign(batch, g.fit(batch))
     A = torch.tensor([1.0, 1.0, 0.0])
     A = (A - A.mean()) / (A.std() + 1e-6)
     # step returns: s0 -> [0.5, 0.25, 0] -> standardised [1, 0, -1]; s1 -> [1, 1] -> 0; s2, s3 alone -> 0
@@ -241,9 +236,9 @@ def test_gigpo_step_groups_by_state_key():
 
 def test_gigpo_unique_states_reduce_to_grpo_and_missing_keys_fail():
     batch = make_batch([episode(1.0, keys=["a", "b"]), episode(0.0, keys=["c", "d"])], 0)
-    close(turn_values(GiGPO().assign(batch), batch), [[S, S], [-S, -S]], 1e-5)
+    close(turn_values(GiGPO().assign(batch, Fit()), batch), [[S, S], [-S, -S]], 1e-5)
     with pytest.raises(ValueError, match="gigpo needs state_key"):
-        GiGPO().assign(make_batch([episode(1.0), episode(0.0)], 0))
+        GiGPO().assign(make_batch([episode(1.0), episode(0.0)], 0), Fit())
 
 
 def test_every_assigner_is_registered_with_config_and_description():

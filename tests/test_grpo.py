@@ -9,7 +9,7 @@ import torch
 
 from agentrl.algorithms.grpo import GRPO, GRPOConfig, overlong_penalty
 from agentrl.core import Episode, Turn
-from agentrl.credit import group_advantages
+from agentrl.credit import Fit, group_advantages
 from agentrl.store import make_batch
 
 
@@ -51,7 +51,7 @@ def test_group_of_one_gets_its_reward_and_equal_groups_get_zero():
 
 def test_every_action_token_gets_the_episode_advantage_and_observations_zero():
     batch = make_batch([ep(1.0, 0), ep(0.0, 0)], pad_id=0)
-    credit = GRPO(GRPOConfig(std_norm=False)).assign(batch)
+    credit = GRPO(GRPOConfig(std_norm=False)).assign(batch, Fit())
     # layout: prompt, a(2), o, a(2), [last obs not in sequence]
     assert batch.action_mask[0].tolist() == [0, 1, 1, 0, 1, 1]
     assert credit.advantages[0].tolist() == [0, 0.5, 0.5, 0, 0.5, 0.5]
@@ -61,8 +61,8 @@ def test_every_action_token_gets_the_episode_advantage_and_observations_zero():
 
 def test_dynamic_sampling_skip_drops_equal_groups():
     batch = make_batch([ep(1.0, 0), ep(0.0, 0), ep(1.0, 1), ep(1.0, 1)], pad_id=0)
-    assert GRPO(GRPOConfig()).assign(batch).row_weight.tolist() == [1, 1, 1, 1]
-    credit = GRPO(GRPOConfig(dynamic_sampling="skip")).assign(batch)
+    assert GRPO(GRPOConfig()).assign(batch, Fit()).row_weight.tolist() == [1, 1, 1, 1]
+    credit = GRPO(GRPOConfig(dynamic_sampling="skip")).assign(batch, Fit())
     assert credit.row_weight.tolist() == [1, 1, 0, 0]
     assert credit.metrics["all_pass_groups"] == 1
 
@@ -70,8 +70,8 @@ def test_dynamic_sampling_skip_drops_equal_groups():
 def test_overlong_soft_penalty_and_mask():
     assert overlong_penalty(torch.tensor([10, 12, 14, 16, 20]), l_max=16, l_cache=4).tolist() == [0, 0, -0.5, -1, -1]
     batch = make_batch([ep(1.0, 0, turns=(6,)), ep(1.0, 0, turns=(2,))], pad_id=0)
-    credit = GRPO(GRPOConfig(overlong="soft", overlong_max=6, overlong_cache=4, std_norm=False)).assign(batch)
+    credit = GRPO(GRPOConfig(overlong="soft", overlong_max=6, overlong_cache=4, std_norm=False)).assign(batch, Fit())
     # lengths 6 and 2: penalties -1 and 0 -> rewards 0 and 1 -> A = -0.5, 0.5
     assert credit.advantages[:, 1].tolist() == [-0.5, 0.5]
     batch = make_batch([ep(0.0, 0, truncated=True), ep(1.0, 0)], pad_id=0)
-    assert GRPO(GRPOConfig(overlong="mask")).assign(batch).row_weight.tolist() == [0, 1]
+    assert GRPO(GRPOConfig(overlong="mask")).assign(batch, Fit()).row_weight.tolist() == [0, 1]

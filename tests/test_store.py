@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentrl.core import Episode, Turn
-from agentrl.store import StoreError, TrajectoryStore
+from agentrl.store import StoreError, TrajectoryStore, make_batch
 
 
 def episodes():
@@ -44,3 +44,20 @@ def test_missing_and_corrupt_stores_give_clear_errors(tmp_path):
     pq.write_table(pa.table({"x": [1]}), tmp_path / "other.parquet")
     with pytest.raises(StoreError, match="missing columns"):
         TrajectoryStore.load(tmp_path / "other.parquet")
+
+
+def test_a_batch_never_changes_once_built():
+    import dataclasses
+
+    batch = make_batch([_episode_for_immutability()], 0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        batch.ref_logp = batch.behaviour_logp  # the trainer attaches columns with with_(), getting a new batch
+    more = batch.with_(ref_logp=batch.behaviour_logp * 0)
+    assert batch.ref_logp is None and more.ref_logp is not None and more.input_ids is batch.input_ids
+
+
+def _episode_for_immutability():
+    ep = Episode(prompt_ids=[1, 2], env_id="t", task_id="t:0", group_id=0, seed=0)
+    ep.turns.append(Turn(context_len=2, action_ids=[3, 4], logprobs=[-0.1, -0.2], obs_ids=[5]))
+    ep.reward, ep.terminated = 1.0, True
+    return ep

@@ -41,8 +41,8 @@ def test_micro_batched_gradient_equals_the_whole_minibatch(tmp_path, vault_polic
                                        loss={"agg": agg, "kl_coef": 0.1, "entropy_coef": 0.01},
                                        optim={"lr": 1e-2, "minibatches": 1, "micro_batch_tokens": budget}))
         batch = make_batch(_episodes(trainer), trainer.policy.chat.pad_id)
-        batch.ref_logp = trainer.reference_logp(batch)
-        credit = trainer.assigner.assign(batch)
+        batch = batch.with_(ref_logp=trainer.reference_logp(batch))
+        credit = trainer.assigner.assign(batch, trainer.assigner.fit(batch))
         seen: list[list[torch.Tensor]] = []
         trainer.optimizer.step = lambda seen=seen, params=trainer.trainable: seen.append([p.grad.clone() for p in params])  # record, do not step
         out = trainer.optimize(batch, credit)
@@ -63,8 +63,8 @@ def test_lora_trains_adapters_only_against_the_base_model(tmp_path, vault_policy
     assert adapters and all("lora_" in n for n in adapters)
 
     batch = make_batch(_episodes(trainer), trainer.policy.chat.pad_id)
-    batch.ref_logp = trainer.reference_logp(batch)
-    trainer.optimize(batch, trainer.assigner.assign(batch))
+    batch = batch.with_(ref_logp=trainer.reference_logp(batch))
+    trainer.optimize(batch, trainer.assigner.assign(batch, trainer.assigner.fit(batch)))
     moved = [n for n, p in trainer.policy.model.named_parameters() if p.requires_grad and not torch.equal(p, adapters[n])]
     assert moved
     # after an update, the reference (adapters off) is still exactly the base model
