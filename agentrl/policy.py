@@ -142,6 +142,15 @@ class ChatFormat:
         self.obs_prefix, _, self.obs_suffix = between.partition(self._O)
         self.eos_text = tokenizer.eos_token or ""
         stops = {self.eos_id}
+        # An action ends where the template ends an assistant message (the added token it writes right
+        # after the text), whatever the tokenizer calls EOS: Qwen2.5's base models ship the ChatML
+        # template with eos_token <|endoftext|>, and stopping at that alone runs an action past its
+        # <|im_end|> into made-up turns. The tokenizer's EOS stays a stop.
+        first = self.encode(self.obs_prefix)[:1]
+        marker = tokenizer.convert_ids_to_tokens(first[0]) if first else None
+        if marker in tokenizer.get_added_vocab() and self.obs_prefix.startswith(marker):
+            self.eos_id, self.eos_text = first[0], marker
+            stops.add(first[0])
         close = tokenizer.convert_tokens_to_ids("</tool_call>")
         if isinstance(close, int) and close != tokenizer.unk_token_id and close is not None:
             stops.add(close)  # stop at the end of the tool call: nothing useful follows it
