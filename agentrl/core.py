@@ -542,11 +542,9 @@ def make(env_id: str, **kwargs: Any) -> AgentEnv:
     """Build a registered environment (`agentrl/Vault-v0`), `module:Class` or `path/to/file.py:Class`,
     without wrappers.
 
-    gymnasium's `make` stacks checker wrappers on the env; agentrl's rollout talks to the
-    `AgentEnv` itself, so this builds it directly from the registry entry.
+    A registered id goes through `gymnasium.make`; agentrl's own ids are registered without
+    gymnasium's checker and order wrappers, so both return the bare `AgentEnv` that the rollout steps.
     """
-    import importlib
-
     module, _, attr = env_id.rpartition(":")
     if module.endswith(".py") or (module and "/" not in module):
         try:
@@ -570,12 +568,11 @@ def make(env_id: str, **kwargs: Any) -> AgentEnv:
         except gym.error.Error as e:
             known = sorted(k for k in gym.registry if k.startswith("agentrl/"))
             raise ValueError(f"unknown environment {env_id!r}; built-in: {', '.join(known)}") from e
-        entry = spec.entry_point
-        if isinstance(entry, str):
-            module, _, attr = entry.partition(":")
-            entry = getattr(importlib.import_module(module), attr)
-        env = entry(**{**spec.kwargs, **kwargs})
-        env.spec = spec
+        env = gym.make(spec, **kwargs)  # agentrl's own ids are registered so that this is the bare env
+        if not isinstance(env, AgentEnv) and isinstance(env.unwrapped, AgentEnv):
+            raise TypeError(f"{env_id!r} is registered with gymnasium wrappers ({type(env).__name__}); agentrl steps the "
+                            "AgentEnv itself: register it with disable_env_checker=True, order_enforce=False and no "
+                            "max_episode_steps (the turn budget is the env's max_turns)")
     if not isinstance(env, AgentEnv):
         raise TypeError(f"{env_id!r} built a {type(env).__name__}, which is not an agentrl.AgentEnv")
     return env

@@ -171,4 +171,5 @@ def _call(name: str, **arguments: Any) -> str:
     return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
 
 
-gymnasium.register(id="agentrl/Code-v0", entry_point="agentrl.envs.code:CodeEnv", kwargs={"max_prompt_chars": 800})
+gymnasium.register(id="agentrl/Code-v0", entry_point="agentrl.envs.code:CodeEnv", kwargs={"max_prompt_chars": 800},
+                   disable_env_checker=True, order_enforce=False)  # gymnasium.make returns the bare AgentEnv

@@ -173,4 +173,5 @@ def _call(name: str, **arguments: Any) -> str:
     return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
 
 
-gymnasium.register(id="agentrl/Math-v0", entry_point="agentrl.envs.math:MathEnv", kwargs={})
+gymnasium.register(id="agentrl/Math-v0", entry_point="agentrl.envs.math:MathEnv", kwargs={},
+                   disable_env_checker=True, order_enforce=False)  # gymnasium.make returns the bare AgentEnv

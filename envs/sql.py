@@ -156,4 +156,5 @@ def _call(name: str, **arguments: Any) -> str:
     return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
 
 
-gymnasium.register(id="agentrl/SQL-v0", entry_point="agentrl.envs.sql:SQLEnv", kwargs={})
+gymnasium.register(id="agentrl/SQL-v0", entry_point="agentrl.envs.sql:SQLEnv", kwargs={},
+                   disable_env_checker=True, order_enforce=False)  # gymnasium.make returns the bare AgentEnv

@@ -129,4 +129,5 @@ def _call(name: str, **arguments) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
-gymnasium.register(id="agentrl/Vault-v0", entry_point="agentrl.envs.vault:VaultEnv", kwargs={"locks": 3, "slack": 1})
+gymnasium.register(id="agentrl/Vault-v0", entry_point="agentrl.envs.vault:VaultEnv", kwargs={"locks": 3, "slack": 1},
+                   disable_env_checker=True, order_enforce=False)  # gymnasium.make returns the bare AgentEnv

@@ -166,3 +166,20 @@ def test_tool_needs_annotations():
 
     with pytest.raises(TypeError, match="needs a type annotation"):
         Tool.from_callable(f)
+
+
+def test_gymnasium_make_returns_the_bare_env_that_agentrl_make_builds():
+    import gymnasium as gym
+
+    import agentrl.envs  # noqa: F401  (registers the built-in ids)
+    from agentrl.envs.vault import VaultEnv
+
+    env = gym.make("agentrl/Vault-v0", locks=2)
+    assert type(env) is VaultEnv and env.locks == 2 and env.spec.id == "agentrl/Vault-v0"
+    assert type(agentrl.make("agentrl/Vault-v0", locks=2)) is VaultEnv
+    gym.register(id="agentrl-test/Wrapped-v0", entry_point="agentrl.envs.vault:VaultEnv")  # checker + order wrappers
+    try:
+        with pytest.raises(TypeError, match="registered with gymnasium wrappers"):
+            agentrl.make("agentrl-test/Wrapped-v0")
+    finally:
+        del gym.registry["agentrl-test/Wrapped-v0"]
