@@ -37,12 +37,12 @@ from pathlib import Path
 
 import numpy as np
 
-from agentrl.algorithms import ASSIGNERS
+from agentrl.algorithms import ASSIGNERS, turn_level_assigners
 
 # Every registered assigner, and which of them assign credit per turn: a newly registered one is swept,
 # and so calibrated into the probe's thresholds (python -m agentrl.probe calibrate), without editing this file.
 ALGOS = list(ASSIGNERS)
-TURN_LEVEL = {name for name, spec in ASSIGNERS.items() if getattr(spec, "turn_level", False)}
+TURN_LEVEL = set(turn_level_assigners())
 
 
 def calibrate(locks: int, target: float = 0.5, episodes: int = 400) -> tuple[int, float, float]:

@@ -38,10 +38,10 @@ PROVENANCE = ("source", "sweep_started", "sweep_command", "sweep_sha256", "sweep
 
 
 def turn_level_assigners() -> list[str]:
-    """Names of the registered assigners that assign credit per turn (their class's `turn_level`)."""
-    from agentrl.algorithms import ASSIGNERS
+    """Names of the registered assigners that assign credit per turn (their registry entry's `turn_level`)."""
+    from agentrl.algorithms import turn_level_assigners as registered
 
-    return [name for name, cls in ASSIGNERS.items() if getattr(cls, "turn_level", False)]
+    return registered()
 
 
 def _registered(names: list[str], field: str) -> list[str]:
