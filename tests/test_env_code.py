@@ -16,15 +16,20 @@ def env():
 
 
 def test_hidden_tests_are_never_shown_and_rotate(env):
-    hidden_sets = set()
     for seed in range(8):
         obs, _ = env.reset(seed=seed)
-        assert all(c.code not in obs for c in env.hidden)
-        hidden_sets.add((env.task.task_id, tuple(c.code for c in env.hidden)))
-    env.reset(seed=0, options={"task_id": env.task.task_id})
-    draws = {tuple(c.code for c in (env.reset(seed=s, options={"task_id": "HumanEval/0"}) and env.hidden)) for s in range(6)} if any(
-        t.task_id == "HumanEval/0" for t in env.tasks) else set()
-    assert len(hidden_sets) == 8 and (not draws or len(draws) > 1)
+        assert all(c.code in obs for c in env.visible)  # the check below can see a test in the prompt
+        assert env.hidden and all(c.code not in obs for c in env.hidden)
+    # rotation: one train-split task whose pool of hidden tests is larger than an episode's draw
+    task_id = "HumanEval/3"
+    assert task_id in {t.task_id for t in env.tasks}
+    draws = []
+    for seed in range(12):
+        env.reset(seed=seed, options={"task_id": task_id})
+        draws.append(frozenset(c.code for c in env.hidden))
+        assert len(env.hidden) == env.hidden_per_episode and not draws[-1] & {c.code for c in env.visible}
+    assert len(set(draws)) > 1  # different episodes of one task are judged by different hidden tests
+    assert len(frozenset().union(*draws)) > env.hidden_per_episode
 
 
 def test_eval_split_is_held_out():

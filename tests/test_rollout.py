@@ -72,10 +72,13 @@ def test_kv_cached_rollout_logprobs_match_full_recompute(vault_policy):
     log-probs sampled turn by turn must equal one forward over the finished episodes."""
     torch.manual_seed(0)
     chat = vault_policy.chat
-    envs = [make("agentrl/Vault-v0", locks=2) for _ in range(6)]
+    # slack 0, 1, 2: turn budgets 4, 5, 6, so rows leave the batch after different turns
+    envs = [make("agentrl/Vault-v0", locks=2, slack=s) for s in (0, 1, 2, 0, 1, 2)]
     engine = TorchEngine(vault_policy.model, SamplingConfig(max_new_tokens=12), chat.stop_ids, chat.eos_id, chat.pad_id, seed=1)
     episodes, _ = rollout(envs, list(range(6)), engine, chat)
-    assert len({e.num_turns for e in episodes}) >= 1 and all(e.num_turns >= 1 for e in episodes)
+    assert len({e.num_turns for e in episodes}) > 1 and all(e.num_turns >= 1 for e in episodes)
+    assert len({len(e.prompt_ids) + len(e.turns[0].action_ids) + len(e.turns[0].obs_ids) for e in episodes}) > 1  # ragged rows
+    assert any(len(t.action_ids) < 12 for e in episodes for t in e.turns)  # a row stopped early: a masked hole in the cache
     batch = make_batch(episodes, chat.pad_id)
     with torch.no_grad():
         logp = token_stats(vault_policy.model, batch.input_ids, batch.attention_mask).logp
