@@ -39,6 +39,7 @@ from agentrl.config import (
     EnvConfig,
     SFTConfig,
     Strict,
+    TinyModelConfig,
     TrainConfig,
     _deep_update,
     describe_errors,
@@ -175,6 +176,16 @@ def _check_env(env_id: str, kwargs: dict[str, Any]) -> None:
         raise UsageError(f"environment {env_id}: {e}") from None
 
 
+def _check_expert(env_id: str, kwargs: dict[str, Any]) -> None:
+    """Without --model the tiny policy learns from the env's expert: an env without one fails here, at
+    once, with the ways forward (not after the tokenizer is trained)."""
+    from agentrl.checker import NO_EXPERT, has_expert
+    from agentrl.core import make
+
+    if not has_expert(make(env_id, **kwargs)):
+        raise UsageError(f"environment {env_id}: {NO_EXPERT}")
+
+
 def _check_device(device: str) -> None:
     if device.startswith("cuda"):
         import torch
@@ -197,34 +208,53 @@ def cmd_train(argv: Sequence[str]) -> int:
         print(cfg.to_yaml(), end="")
         return 0
     _check_env(cfg.env.id, cfg.env.kwargs)
+    if cfg.model is None and cfg.sft.warm_start is None:
+        _check_expert(cfg.env.id, cfg.env.kwargs)
     _check_device(cfg.device)
     from agentrl.trainer import train
 
+    decisions: dict[str, Any] = {}
     if auto:
-        from agentrl.probe import recommend_for_config
+        from agentrl.probe import probe_env
 
         print("--algo auto: probing the environment with the starting policy first", file=sys.stderr)
-        algo, reason = recommend_for_config(cfg)
-        print(f"--algo auto -> {algo}: {reason}", file=sys.stderr)
+        probed = probe_env(cfg)
+        rec = probed.recommendation
+        print(f"--algo auto -> {rec.algo}: {rec.reason}", file=sys.stderr)
+        # what the run decided, for config.yaml's header and summary.json: a run folder explains itself
+        decisions["algo_auto"] = {"algo": rec.algo, "rule": rec.rule, "reason": rec.reason, "advice": rec.advice,
+                                  "statistics": probed.stats.model_dump(), "thresholds": probed.thresholds.source,
+                                  "budget_episodes": probed.budget_episodes}
         try:
-            cfg = TrainConfig(**{**cfg.model_dump(exclude={"credit"}), "algo": algo})
+            cfg = TrainConfig(**{**cfg.model_dump(exclude={"credit"}), "algo": rec.algo})
         except ValidationError as e:
-            raise UsageError(f"the probe chose {algo}, but the config does not fit it:\n{describe_errors(e)}") from None
-    train(cfg)
+            raise UsageError(f"the probe chose {rec.algo}, but the config does not fit it:\n{describe_errors(e)}") from None
+    train(cfg, decisions=decisions or None)
     return 0
 
 
 # -- sft --------------------------------------------------------------------------------------------
 
 
+DATA_HELP = ("JSONL of demonstrations to train on instead of the env's expert, one conversation per line: {\"messages\": "
+             "[{\"role\": \"user\", \"content\": \"Compute 3*4+5.\"}, {\"role\": \"assistant\", \"content\": "
+             "\"<tool_call>{...}</tool_call>\"}, {\"role\": \"tool\", \"content\": \"17\"}, {\"role\": "
+             "\"assistant\", \"content\": \"...\"}]}: an optional system message first, then the task, then assistant "
+             "and tool messages alternating, ending with the assistant's; optional \"system\", \"tools\" (default: the "
+             "env's, as its rollouts will see them) and \"reward\". Without --model, the tiny policy and its tokenizer are "
+             "built from these demonstrations (README, 'Write your own environment'; agentrl.stages.data).")
+
+
 class SFTCommand(Strict):
     out: str = Field(description="Folder for the fine-tuned model (an ordinary Hugging Face folder).")
-    env: EnvConfig = Field(default_factory=EnvConfig, description="The environment whose expert demonstrates, and on whose "
-                           "held-out seeds the result is evaluated.")
+    env: EnvConfig = Field(default_factory=EnvConfig, description="The environment whose expert demonstrates (or whose "
+                           "system prompt and tools --data's conversations get), and on whose held-out seeds the result "
+                           "is evaluated.")
     model: str | None = Field(None, description="Start from this model (folder or hub id); default: build the tiny policy.")
-    data: str | None = Field(None, description="JSONL of conversations to train on instead of the env's expert (format: "
-                             "agentrl.stages.data).")
+    data: str | None = Field(None, description=DATA_HELP)
     sft: SFTConfig = Field(default_factory=SFTConfig)
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="The tiny policy's size, when --model is "
+                                  "not given.")
     lora_r: int = Field(0, ge=0, description="Train LoRA adapters of this rank (merged into the saved model); 0: full fine-tuning.")
     seed: int = Field(0, description="Seeds the model build and the demonstration order.")
     eval_episodes: int = Field(128, ge=1, description="Held-out episodes to evaluate the result on.")
@@ -232,49 +262,84 @@ class SFTCommand(Strict):
 
 def cmd_sft(argv: Sequence[str]) -> int:
     cmd = _parse(SFTCommand, argv, "agentrl sft", "Stage one: fine-tune on demonstrations (loss on action tokens only), "
-                 "from the environment's scripted expert or a JSONL file; saves an HF folder and reports the held-out pass rate.")
+                 "from the environment's scripted expert or a JSONL file (--data); saves an HF folder and reports the "
+                 "held-out pass rate. Without --model, the tiny policy is built (from the demonstrations' own text with "
+                 "--data) and trained at the tiny policy's learning rate.")
     _check_env(cmd.env.id, cmd.env.kwargs)
-    if (cmd.data or cmd.lora_r) and cmd.model is None:
-        raise UsageError("--data and --lora-r fine-tune an existing model: give --model")
+    if cmd.lora_r and cmd.model is None:
+        raise UsageError("--lora-r trains adapters on an existing model: give --model")
+    if cmd.data is None and cmd.model is None and cmd.sft.warm_start is None:
+        _check_expert(cmd.env.id, cmd.env.kwargs)
     import json
     import shutil
 
     from agentrl.core import make
     from agentrl.policy import Policy
-    from agentrl.stages.sft import collect_demos, sft, warm_start
+    from agentrl.stages.sft import collect_demos, progress_lines, sft, tiny_policy_from_conversations, warm_start
     from agentrl.trainer import evaluate
 
-    cfg = TrainConfig(env=cmd.env, model=cmd.model, sft=cmd.sft, seed=cmd.seed, eval={"episodes": cmd.eval_episodes})
+    cfg = TrainConfig(env=cmd.env, model=cmd.model, sft=cmd.sft, tiny=cmd.tiny, seed=cmd.seed,
+                      eval={"episodes": cmd.eval_episodes})
     out = Path(cmd.out)
-    if cmd.model is None:
-        folder = warm_start(cmd.env.id, cmd.env.kwargs, cfg.tiny, cmd.sft, cmd.seed)
+    if cmd.model is None and cmd.data is None:
+        folder = warm_start(cmd.env.id, cmd.env.kwargs, cmd.tiny, cmd.sft, cmd.seed)
         shutil.copytree(folder, out, dirs_exist_ok=True)
         policy = Policy.load(out)
     else:
-        from agentrl.stages.data import DataError, load_demos
+        from agentrl.stages.data import DataError, load_conversations, to_episode
 
-        policy = Policy.load(cmd.model)
+        env = make(cmd.env.id, **cmd.env.kwargs)
         try:
-            demos = (load_demos(cmd.data, policy.chat) if cmd.data else
-                     collect_demos(lambda: make(cmd.env.id, **cmd.env.kwargs), policy.chat,
-                                   list(range(20_000_000, 20_000_000 + cmd.sft.episodes)), cmd.sft.noise))
+            convs = load_conversations(cmd.data, env.system_prompt, env.tool_schemas()) if cmd.data else []
         except DataError as e:
             raise UsageError(str(e)) from None
+        if cmd.model is not None:
+            policy = Policy.load(cmd.model)
+        else:
+            print(f"sft: building the tiny policy and its tokenizer from the {len(convs)} demonstrations in {cmd.data}")
+            policy = tiny_policy_from_conversations([c for _, c in convs], out, cmd.tiny, seed=cmd.seed)
+        if cmd.data:
+            demos = [to_episode(c, policy.chat, group_id=n) for n, c in convs]
+        else:
+            noise = cmd.sft.noise if cmd.sft.noise != "auto" else _auto_noise(env, cmd.sft)
+            demos = collect_demos(lambda: make(cmd.env.id, **cmd.env.kwargs), policy.chat,
+                                  list(range(20_000_000, 20_000_000 + cmd.sft.episodes)), noise)
+        context = getattr(policy.model.config, "max_position_embeddings", None)
+        longest = max(range(len(demos)), key=lambda i: len(demos[i].token_ids()))
+        if context is not None and len(demos[longest].token_ids()) > context:
+            where = f"{cmd.data}:{convs[longest][0]}" if cmd.data else f"demonstration {longest}"
+            raise UsageError(f"{where}: {len(demos[longest].token_ids())} tokens, longer than the model's context "
+                             f"({context})" + ("; raise --tiny.max-position-embeddings" if cmd.model is None else ""))
         model = policy.model
         if cmd.lora_r:
             from peft import LoraConfig, get_peft_model
 
             model = get_peft_model(model, LoraConfig(r=cmd.lora_r, lora_alpha=2 * cmd.lora_r, target_modules="all-linear",
                                                      lora_dropout=0.0))
-        metrics = sft(model, demos, policy.chat.pad_id, epochs=cmd.sft.epochs, lr=cmd.sft.lr_for(pretrained=True),
-                      batch_size=cmd.sft.batch_size, seed=cmd.seed)
+        lr = cmd.sft.lr_for(pretrained=cmd.model is not None)
+        tokens = sum(len(d.token_ids()) for d in demos)
+        print(f"sft: {len(demos)} demonstrations ({tokens:,} tokens) x {cmd.sft.epochs} epochs, batch "
+              f"{cmd.sft.batch_size}, lr {lr:g}" + (" (the tiny policy's, from scratch)" if cmd.model is None else ""))
+        metrics = sft(model, demos, policy.chat.pad_id, epochs=cmd.sft.epochs, lr=lr, batch_size=cmd.sft.batch_size,
+                      seed=cmd.seed, log=progress_lines(print))
         if cmd.lora_r:
             policy.model = model.merge_and_unload()  # an ordinary HF folder, loadable without peft
         policy.save(out)
+        metrics["demonstrations"] = len(demos)
+        metrics["data"] = cmd.data
         (out / "warm_start.json").write_text(json.dumps(metrics, indent=2))
+        print(f"sft: loss {metrics['sft/loss']:.4f} after {metrics['sft/steps']} steps in {metrics['sft/seconds']:.0f}s")
     result = evaluate(cfg, policy, None, getattr(policy.model.config, "max_position_embeddings", 2048))
-    print(f"held-out pass rate {result.pass_rate:.3f} over {result.episodes} episodes; model saved to {out}")
+    print(f"held-out pass rate on {cmd.env.id} {result.pass_rate:.3f} over {result.episodes} episodes; model saved to {out}")
     return 0
+
+
+def _auto_noise(env: Any, sft_cfg: SFTConfig) -> float:
+    from agentrl.stages.sft import calibrate_noise
+
+    noise, rate = calibrate_noise(env, sft_cfg.target_expert_pass_rate, sft_cfg.calibration_seeds)
+    print(f"sft: noise auto -> {noise:g} (the expert passes {rate:.2f} of {sft_cfg.calibration_seeds} calibration episodes)")
+    return noise
 
 
 # -- dpo, pipeline ----------------------------------------------------------------------------------
@@ -587,6 +652,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_overview(), file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
+    from agentrl import log
+
+    log.setup()
     if name not in COMMANDS:
         near = difflib.get_close_matches(name, COMMANDS, n=1)
         _err(f"unknown command {name!r}" + (f"; did you mean {near[0]!r}?" if near else "") + f" (commands: {', '.join(COMMANDS)})")

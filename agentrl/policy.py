@@ -20,11 +20,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-from transformers.utils import logging as hf_logging
 
 from agentrl.config import TinyModelConfig  # noqa: F401 (re-exported)
-
-hf_logging.disable_progress_bar()  # per-shard bars for a 2 MB model are noise in a run's console
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]

@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, Field
 
+import agentrl.log as agentrl_log
+
 
 class BakeoffRun(BaseModel):
     """One assigner's short run."""
@@ -39,10 +41,11 @@ def bakeoff(
     updates: int,
     out: str | Path,
     eval_episodes: int = 32,
-    say: Callable[[str], None] = print,
+    say: Callable[[str], None] | None = None,
 ) -> list[BakeoffRun]:
     """Train each of `algos` for `updates` updates from the same start (the config's model or warm
     start), on the same seed and budget, and record the learning curves."""
+    say = say or agentrl_log.say(__name__)
     import json
     import time
 

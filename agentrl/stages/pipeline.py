@@ -14,11 +14,13 @@ import copy
 import json
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+import agentrl.log as agentrl_log
 from agentrl.config import TrainConfig
 from agentrl.core import make
 from agentrl.policy import Policy
@@ -42,9 +44,10 @@ def collect_groups(cfg: TrainConfig, policy: Policy, groups: int, group_size: in
     return episodes
 
 
-def run_pipeline(cfg: TrainConfig, dpo: DPOConfig | None, out: str | Path, say=print) -> dict[str, Any]:
+def run_pipeline(cfg: TrainConfig, dpo: DPOConfig | None, out: str | Path, say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """SFT, then preference optimisation (skipped when `dpo` is None), then RL (skipped when
     cfg.updates == 0). Returns the per-stage table."""
+    say = say or agentrl_log.say(__name__)
     from agentrl.trainer import Trainer, evaluate
 
     if cfg.model is not None:
