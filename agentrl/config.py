@@ -135,6 +135,32 @@ class RolloutConfig(Strict):
     group_size: int = Field(8, ge=1, description="G episodes per task: the group baseline's sample. 8 leaves few all-equal groups at pass rates 0.2-0.8.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     max_context: int | None = Field(None, ge=16, description="Episodes whose next turn would not fit are truncated; default: the model's max positions.")
+    env_workers: str = Field("thread:64", description="Where env reset/step/verify run: thread:N (default; slow tools mostly wait on "
+                             "I/O or a subprocess, and 64 waiting threads overlap a whole 8x8 batch), process:N (CPU-bound Python "
+                             "envs), ray:N (Ray actors, [ray] extra), or serial (one after another, the old loop).")
+    tool_timeout: float | None = Field(60.0, gt=0, description="Wall-clock seconds a tool call may take before the policy is told it "
+                                       "timed out and the episode goes on; 60 s: far beyond a healthy remote API or the sandbox's own "
+                                       "limits, so it only ever catches a hung call. None: no limit.")
+    tool_timeouts: FreeMapping = Field(default_factory=dict, description="Per-tool limits in seconds by tool name (e.g. "
+                                       "run_tests: 10), over the tool's own `timeout` attribute and tool_timeout.")
+    max_batch_rows: int | None = Field(None, ge=1, description="Rows the engine holds at once; the queue's next episodes take the "
+                                       "rows of those that end (continuous batching). None: the whole update at once, which fits "
+                                       "the tiny policy on a CPU; on a GPU, what its memory holds.")
+
+    @field_validator("env_workers")
+    @classmethod
+    def _workers_spec(cls, v: str) -> str:
+        if not re.fullmatch(r"(thread|process|ray):[1-9][0-9]*|serial", v.strip()):
+            raise ValueError(f"env_workers must be thread:N, process:N, ray:N (N >= 1) or serial, got {v!r}")
+        return v.strip()
+
+    @field_validator("tool_timeouts")
+    @classmethod
+    def _positive_limits(cls, v: dict[str, Any]) -> dict[str, Any]:
+        bad = {k: x for k, x in v.items() if isinstance(x, bool) or not isinstance(x, (int, float)) or x <= 0}
+        if bad:
+            raise ValueError(f"tool_timeouts: every limit must be a number of seconds > 0, got {bad}")
+        return {k: float(x) for k, x in v.items()}
 
 class LoraSettings(Strict):
     """LoRA adapters through peft. With r > 0 only the adapters train, and the KL reference is the
@@ -185,8 +211,21 @@ class SFTConfig(Strict):
     lr: float | None = Field(None, gt=0, description=f"Peak learning rate (linear decay); default {TINY_SFT_LR:g} for the tiny "
                              f"policy (it starts from scratch), {LOADED_SFT_LR:g} for a loaded pretrained model.")
     batch_size: int = Field(32, ge=1, description="Demonstrations per optimizer step.")
-    noise: float = Field(0.35, ge=0, le=1, description="The expert's slip rate: noisy on purpose, so that the warm start leaves "
-                         "RL headroom (Vault at 3 locks: the expert itself passes ~0.55).")
+    noise: Annotated[float, Field(ge=0, le=1)] | Literal["auto"] = Field(
+        0.35, description="The expert's slip rate: noisy on purpose, so that the warm start leaves RL headroom (Vault at 3 "
+        "locks: the expert itself passes ~0.55). 'auto': bisect it so that the expert passes target_expert_pass_rate of "
+        "calibration_seeds episodes -- a slip rate does not transfer between envs (one whose slips are recoverable "
+        "still passes ~1.0 at 0.35, and its warm start learns to loop).")
+    target_expert_pass_rate: float = Field(0.5, gt=0, lt=1, description="With noise auto: the expert's pass rate to "
+                                           "calibrate to. About half, as on Vault: its demonstrations then hold both "
+                                           "successes and the mistakes RL has to unlearn.")
+    calibration_seeds: int = Field(48, ge=8, description="With noise auto: episodes per bisection step (48: a pass-rate "
+                                   "standard error of ~0.07 at 0.5; each step costs only expert episodes, no model).")
+    warm_start: str | None = Field(None, description="Reuse this warm-start folder (an HF folder, e.g. a cached "
+                                   "~/.cache/agentrl/warm/<key> or an `agentrl sft` output) instead of looking one up by "
+                                   "key: keeps a warm start across changes that would rebuild it.")
+    rebuild: bool = Field(False, description="Rebuild the warm start even if one with the same key is cached (e.g. after "
+                          "changing the expert's behaviour in a way the key's few fingerprint seeds did not show).")
 
     def lr_for(self, pretrained: bool) -> float:
         """The learning rate this SFT runs at: the one given, else the default for a tiny or a pretrained model."""

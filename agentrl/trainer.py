@@ -136,16 +136,20 @@ def rollout_metrics(episodes: list[Episode], seconds: float) -> dict[str, float]
 class Trainer:
     """One RL run. `Trainer(cfg).train()` is what `agentrl train` calls."""
 
-    def __init__(self, cfg: TrainConfig, monitor: Monitor | None = None, start: str | Path | None = None):
+    def __init__(self, cfg: TrainConfig, monitor: Monitor | None = None, start: str | Path | None = None,
+                 decisions: dict[str, Any] | None = None):
         """`start` is the policy to begin from when `cfg.model` is None: the tiny policy's warm start,
-        built by stage one (`agentrl.stages.sft.warm_start`) before the loop, as `train()` does."""
+        built by stage one (`agentrl.stages.sft.warm_start`) before the loop, as `train()` does.
+        `decisions` is what was decided before the run (e.g. `--algo auto`'s pick, rule and statistics):
+        written into config.yaml's header and summary.json."""
         from accelerate import Accelerator
 
         cfg = cfg.model_copy(deep=True)  # interventions turn knobs on this copy, never on the caller's config
         self.cfg = cfg
+        self.decisions = dict(decisions or {})
         self.out = Path(cfg.out or f"runs/{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "config.yaml").write_text(cfg.to_yaml())
+        (self.out / "config.yaml").write_text(_decisions_header(self.decisions) + cfg.to_yaml())
         self.monitor = monitor or Monitor(self.out, total=cfg.updates, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb,
                                           wandb_project=cfg.log.wandb_project, config=cfg.model_dump(mode="json"))
         self.monitor.say(f"run folder: {self.out}")
@@ -163,6 +167,8 @@ class Trainer:
                              "agentrl.stages.sft.warm_start builds (agentrl.trainer.train(cfg) does both)")
         self.policy = Policy.load(source, device=device)
         self.warm_start_dir = Path(start) if cfg.model is None else None
+        if self.warm_start_dir is not None:
+            self.decisions["warm_start"] = _warm_start_record(self.warm_start_dir)
         self.max_context = cfg.rollout.max_context or getattr(self.policy.model.config, "max_position_embeddings", 2048)
 
         lora = cfg.optim.lora
@@ -347,6 +353,26 @@ class Trainer:
         fatal = [a for a in health.alarms if a.name == "NON-FINITE" or hc.on_alarm == "stop"]
         return f"step {row['step']}: {fatal[0].name}: {fatal[0].reason}" if fatal else None
 
+    critic_only_updates: int = 0  # updates whose credit trained only the assigner's critic (summary.json)
+    _said_policy_moves: bool = False
+
+    def _say_critic_only(self, update: int, metrics: dict[str, Any]) -> None:
+        """Say when an update trains only the critic (an assigner's warm-up, e.g. turn-ppo's): the table's
+        empty entropy and KL would not say why. Once when it starts, once when the policy starts to move."""
+        warming = metrics.get("credit/critic_warmup", 0.0) >= 1.0
+        if warming:
+            self.critic_only_updates += 1
+            if self.critic_only_updates == 1:
+                opts = self.cfg.credit
+                until = ", ".join(f"{k} {getattr(opts, k)}" for k in ("warmup_ev", "warmup_updates") if hasattr(opts, k))
+                self.monitor.say(f"update {update}: critic only -- {self.cfg.algo}'s critic warms up before the policy "
+                                 f"moves (until {until or 'its critic is ready'}; critic EV now "
+                                 f"{metrics.get('credit/critic_ev', float('nan')):.2f})")
+        elif self.critic_only_updates and not self._said_policy_moves:
+            self._said_policy_moves = True
+            self.monitor.say(f"update {update}: the policy trains from here on ({self.critic_only_updates} critic-only "
+                             f"update(s) before; critic EV {metrics.get('credit/critic_ev', float('nan')):.2f})")
+
     # -- the run ------------------------------------------------------------------------------------
 
     def train(self, warm: EvalResult | None = None) -> dict[str, Any]:
@@ -377,6 +403,7 @@ class Trainer:
                 metrics["credit/all_fail_frac"] = metrics.get("credit/all_fail_groups", 0.0) / metrics["credit/groups"]
             metrics.update(self.knob_metrics())  # the knobs this update ran with
             metrics.update(self.optimize(batch, credit))
+            self._say_critic_only(update, metrics)
             if self.syncs_weights:  # e.g. vLLM generates from its own copy of the weights
                 self.engine.sync_weights(self.policy.model)
             metrics["time/rollout_s"] = t_roll
@@ -414,6 +441,8 @@ class Trainer:
             "eval_seeds": [cfg.eval.seed_offset, cfg.eval.seed_offset + cfg.eval.episodes - 1],
             "parameters": self.policy.num_parameters,
             "warm_start_dir": str(self.warm_start_dir) if self.warm_start_dir else None,
+            "critic_only_updates": self.critic_only_updates,
+            "decisions": self.decisions,
             "checkpoint": str(ckpt),
             "wall_s": time.perf_counter() - t_start,
         }
@@ -437,7 +466,30 @@ def _groups(episodes: list[Episode]) -> list[list[Episode]]:
     return list(out.values())
 
 
-def train(cfg: TrainConfig, monitor: Monitor | None = None) -> dict[str, Any]:
+def _decisions_header(decisions: dict[str, Any]) -> str:
+    """YAML comments (the file stays a loadable config) that say what the run decided before it began."""
+    auto = decisions.get("algo_auto")
+    if not auto:
+        return ""
+    stats = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in auto["statistics"].items())
+    return (f"# algo: {auto['algo']}, picked by --algo auto (the horizon probe), rule {auto['rule']}: {auto['reason']}\n"
+            f"# probe statistics: {stats}\n# thresholds: {auto['thresholds']}\n")
+
+
+def _warm_start_record(folder: Path) -> dict[str, Any]:
+    """What the warm start was built from and how (its key's parts and its SFT metrics), for summary.json."""
+    from agentrl.stages.sft import KEY_FILE
+
+    record: dict[str, Any] = {"dir": str(folder)}
+    for name, field in (("warm_start.json", "sft"), (KEY_FILE, "key_parts")):
+        try:
+            record[field] = json.loads((folder / name).read_text())
+        except (OSError, json.JSONDecodeError):
+            record[field] = None
+    return record
+
+
+def train(cfg: TrainConfig, monitor: Monitor | None = None, decisions: dict[str, Any] | None = None) -> dict[str, Any]:
     """Stage one where it is needed (the tiny policy's SFT warm start, cached), then the RL loop."""
     start = None
     if cfg.model is None:
@@ -445,7 +497,7 @@ def train(cfg: TrainConfig, monitor: Monitor | None = None) -> dict[str, Any]:
 
         say = monitor.say if monitor is not None else None
         start = warm_start(cfg.env.id, cfg.env.kwargs, cfg.tiny, cfg.sft, cfg.seed, **({"say": say} if say else {}))
-    return Trainer(cfg, monitor=monitor, start=start).train()
+    return Trainer(cfg, monitor=monitor, start=start, decisions=decisions).train()
 
 
 __all__ = ["EpisodeErrors", "EvalResult", "Trainer", "evaluate", "train"]
