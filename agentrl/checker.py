@@ -1,7 +1,8 @@
 """`check_env`: does an environment follow the `AgentEnv` contract? A flat list of small checks.
 
 Each check takes a fresh-enough env and raises `AssertionError` with a message that says what is
-wrong; `check_env` runs them all and reports every failure, not just the first.
+wrong, or returns a note worth reading when it passes (e.g. whether the env has a scripted expert);
+`check_env` runs them all and reports every failure, not just the first.
 
 >>> from agentrl.envs.vault import VaultEnv
 >>> [r.name for r in check_env(VaultEnv(locks=2)) if not r.ok]
@@ -38,13 +39,27 @@ def _roll(env: AgentEnv, seed: int, actions: Callable[[AgentEnv], str], limit: i
     raise AssertionError(f"episode did not end within {limit} steps although max_turns = {env.max_turns}")
 
 
-def _expert(env: AgentEnv) -> Callable[[AgentEnv], str] | None:
+def has_expert(env: AgentEnv) -> bool:
+    """Does `env` implement `expert_action(noise)`? Asked after a reset, as the warm start will call it
+    (an override that raises NotImplementedError counts as none). The env is left reset on seed 0."""
+    if type(env).expert_action is AgentEnv.expert_action:
+        return False
     try:
         env.reset(seed=0)
         env.expert_action(0.0)
     except NotImplementedError:
-        return None
-    return lambda e: e.expert_action(0.3)
+        return False
+    return True
+
+
+NO_EXPERT = ("the environment has no scripted expert (expert_action(noise) is not implemented), so there are no "
+             "demonstrations to warm-start the tiny policy from: `agentrl train` needs --model (a folder or hub id), e.g. "
+             "one fine-tuned on your own demonstrations with `agentrl sft --data demos.jsonl --env.id ENV --out warm/` "
+             "(format: README, 'Write your own environment'), or implement expert_action")
+
+
+def _expert(env: AgentEnv) -> Callable[[AgentEnv], str] | None:
+    return (lambda e: e.expert_action(0.3)) if has_expert(env) else None
 
 
 def check_is_agent_env(env: AgentEnv) -> None:
@@ -116,11 +131,20 @@ def check_determinism(env: AgentEnv) -> None:
         assert a == b, f"seed {seed}: two episodes with the same seed and actions differ"
 
 
-def check_expert_finishes(env: AgentEnv) -> None:
+def check_expert(env: AgentEnv) -> str:
+    """Not a requirement; says plainly what the env's expert (or its absence) enables."""
+    if not has_expert(env):
+        return "none: " + NO_EXPERT
+    return ("yes: `agentrl train` without --model builds the tiny policy and warm-starts it by SFT on this expert's "
+            "noisy demonstrations (--sft.noise, or auto for a target expert pass rate)")
+
+
+def check_expert_finishes(env: AgentEnv) -> str | None:
     if _expert(env) is None:
-        return
+        return "skipped: no scripted expert"
     trace = _roll(env, 7, lambda e: e.expert_action(0.0))
     assert trace[-1][1] > 0, f"the noise-free expert scored {trace[-1][1]} on seed 7"
+    return None
 
 
 CHECKS = [
@@ -132,6 +156,7 @@ CHECKS = [
     check_turn_budget_truncates,
     check_step_after_end_raises,
     check_determinism,
+    check_expert,
     check_expert_finishes,
 ]
 
@@ -146,8 +171,8 @@ def check_env(env: AgentEnv | str | type, **kwargs: Any) -> list[CheckResult]:
     for check in CHECKS:
         name = check.__name__.removeprefix("check_")
         try:
-            check(env)
-            results.append(CheckResult(name, True))
+            note = check(env)
+            results.append(CheckResult(name, True, note or ""))
         except Exception as e:  # a check that crashes is a failed check, with its reason
             msg = str(e) if isinstance(e, AssertionError) else f"{type(e).__name__}: {e}"
             results.append(CheckResult(name, False, msg))

@@ -1,16 +1,22 @@
-"""Demonstration and preference data from files: JSONL conversations laid out as rollouts are.
+r"""Demonstration and preference data from files: JSONL conversations laid out as rollouts are.
 
-One episode per line (or per `chosen`/`rejected` side of a pair)::
+One episode per line (or per `chosen`/`rejected` side of a pair); three lines of `demos.jsonl`::
 
-    {"system": "...", "tools": [<function schemas>],
-     "messages": [{"role": "user", "content": "task"},
-                  {"role": "assistant", "content": "<tool_call>...</tool_call>"},
-                  {"role": "tool", "content": "result"},
-                  {"role": "assistant", "content": "..."}],
-     "reward": 1.0}
+    {"messages": [{"role": "user", "content": "Compute 3*4+5."}, {"role": "assistant", "content": "<tool_call>{\"name\": \"calc\", \"arguments\": {\"expression\": \"3*4+5\"}}</tool_call>"}, {"role": "tool", "content": "17"}, {"role": "assistant", "content": "<tool_call>{\"name\": \"answer\", \"arguments\": {\"value\": 17}}</tool_call>"}]}
+    {"messages": [{"role": "system", "content": "Solve the task with the tools."}, {"role": "user", "content": "Compute 2*9+4."}, ...], "reward": 1.0}
+    {"system": "Solve the task with the tools.", "tools": [], "messages": [...]}
 
-The first message is the task (user); then assistant and tool messages alternate, ending with
-an assistant message. Each is tokenised with the model's chat layout exactly as the rollout does
+- `messages`: an optional `system` message first, then the task (`user`), then `assistant` and
+  `tool` messages alternating, ending with an `assistant` message. An assistant message is the
+  policy's whole action text (tool calls as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`);
+  a tool message is what the environment answered.
+- `system` (or a leading system message, not both) and `tools` (function schemas as
+  `AgentEnv.tool_schemas()` gives them): left out, they are the environment's own system prompt
+  and tool list (`agentrl sft --env.id ...`), so the demonstration's prompt is the one its
+  rollouts will see; given (even empty), they are used as they are.
+- `reward`: optional (default 0.0), for preference data and statistics; SFT trains on every line.
+
+Each message is tokenised with the model's chat layout exactly as the rollout does
 (`ChatFormat`), so the loss mask covers the assistant's tokens and nothing else.
 """
 
@@ -20,7 +26,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agentrl.core import Episode, Turn
 from agentrl.policy import ChatFormat
@@ -32,20 +38,27 @@ class DataError(ValueError):
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    role: Literal["user", "assistant", "tool"]
+    role: Literal["system", "user", "assistant", "tool"]
     content: str
 
 
 class Conversation(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    system: str | None = None
-    tools: list[dict[str, Any]] = []
+    system: str | None = Field(None, description="The system prompt; None: the environment's (see the module docstring).")
+    tools: list[dict[str, Any]] | None = Field(None, description="Tool schemas; None: the environment's.")
     messages: list[Message]
     reward: float = 0.0
 
     @model_validator(mode="after")
     def _shape(self) -> Conversation:
         msgs = self.messages
+        if msgs and msgs[0].role == "system":
+            if self.system is not None:
+                raise ValueError("the system prompt is given twice (the `system` field and a leading system message): keep one")
+            self.system = msgs[0].content
+            self.messages = msgs = msgs[1:]
+        if any(m.role == "system" for m in msgs):
+            raise ValueError("a system message may only come first")
         if len(msgs) < 2 or msgs[0].role != "user":
             raise ValueError("messages must start with the user's task and hold at least one assistant turn")
         for i, m in enumerate(msgs[1:], start=1):
@@ -65,7 +78,7 @@ class PreferencePair(BaseModel):
 
 def to_episode(conv: Conversation, chat: ChatFormat, group_id: int = 0) -> Episode:
     """Tokenise a conversation into the same turn layout a rollout produces."""
-    prompt = chat.prompt_ids(conv.messages[0].content, conv.tools, conv.system)
+    prompt = chat.prompt_ids(conv.messages[0].content, conv.tools or [], conv.system)
     ep = Episode(prompt_ids=prompt, reward=conv.reward, terminated=True, group_id=group_id)
     ctx = len(prompt)
     msgs = conv.messages[1:]
@@ -103,15 +116,25 @@ def _where(path: str | Path, n: int, e: ValidationError) -> str:
     return f"{path}:{n}: {errs}"
 
 
-def load_demos(path: str | Path, chat: ChatFormat) -> list[Episode]:
-    """Demonstrations from a JSONL file of conversations."""
+def load_conversations(path: str | Path, system: str | None = None, tools: list[dict[str, Any]] | None = None,
+                       ) -> list[tuple[int, Conversation]]:
+    """(line number, conversation) for every record; a missing `system` / `tools` is filled with these
+    (the environment's), so that the demonstration's prompt is the one its rollouts will see."""
     out = []
     for n, obj in _lines(path):
         try:
-            out.append(to_episode(Conversation.model_validate(obj), chat, group_id=n))
+            conv = Conversation.model_validate(obj)
         except ValidationError as e:
             raise DataError(_where(path, n, e)) from None
+        update = {k: v for k, v in {"system": system, "tools": tools}.items() if getattr(conv, k) is None and v is not None}
+        out.append((n, conv.model_copy(update=update)))
     return out
+
+
+def load_demos(path: str | Path, chat: ChatFormat, system: str | None = None,
+               tools: list[dict[str, Any]] | None = None) -> list[Episode]:
+    """Demonstrations from a JSONL file of conversations (`system` / `tools`: see `load_conversations`)."""
+    return [to_episode(conv, chat, group_id=n) for n, conv in load_conversations(path, system, tools)]
 
 
 def load_pairs(path: str | Path, chat: ChatFormat) -> tuple[list[tuple[Episode, Episode]], dict[str, int]]:

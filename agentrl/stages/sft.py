@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+import agentrl.log as agentrl_log
 from agentrl.core import AgentEnv, Episode, make
 from agentrl.engines.base import ScriptedEngine
 from agentrl.policy import (
@@ -35,20 +36,58 @@ from agentrl.rollout import rollout
 from agentrl.store import make_batch
 
 
+class NoExpertError(ValueError):
+    """The environment has no scripted expert, so the tiny policy has no demonstrations to learn from."""
+
+
+def play_expert(env: AgentEnv, seed: int, noise: float) -> tuple[list[tuple[str, str]], float]:
+    """One expert episode: the (role, text) messages from the task on, and the final reward."""
+    obs, _ = env.reset(seed=seed)
+    msgs = [("user", obs)]
+    reward = 0.0
+    while True:
+        action = env.expert_action(noise)
+        obs, reward, terminated, truncated, _ = env.step(action)
+        msgs += [("assistant", action), ("tool", obs)]
+        if terminated or truncated:
+            return msgs, float(reward)
+
+
 def expert_texts(env: AgentEnv, seeds: Sequence[int], noise: float) -> list[str]:
     """Whole expert conversations as text (what the tiny tokenizer is trained on)."""
-    texts = []
-    for seed in seeds:
-        obs, _ = env.reset(seed=seed)
-        msgs = [("user", obs)]
-        while True:
-            action = env.expert_action(noise)
-            obs, _, terminated, truncated, _ = env.step(action)
-            msgs += [("assistant", action), ("tool", obs)]
-            if terminated or truncated:
-                break
-        texts.append(render_corpus_text(env.system_prompt, env.tool_schemas(), msgs))
-    return texts
+    return [render_corpus_text(env.system_prompt, env.tool_schemas(), play_expert(env, seed, noise)[0]) for seed in seeds]
+
+
+def expert_pass_rate(env: AgentEnv, seeds: Sequence[int], noise: float) -> float:
+    """The fraction of the expert's episodes at `noise` that pass (reward >= 1, as `Episode.passed`)."""
+    return sum(play_expert(env, s, noise)[1] >= 1.0 for s in seeds) / len(seeds)
+
+
+CALIBRATION_SEEDS = 30_000_000  # expert episodes for calibration start here: no demonstration or held-out seed
+
+
+def calibrate_noise(env: AgentEnv, target: float, episodes: int = 48, steps: int = 8) -> tuple[float, float]:
+    """(noise, the expert's pass rate there): the slip rate at which the expert passes about `target`
+    of `episodes` fixed seeds, by bisection over [0, 1].
+
+    The same seeds at every step (common random numbers), so the rate moves only with the noise.
+    The expert's pass rate need not fall strictly with noise (a slip can be recovered from), so the
+    result is the probed noise whose rate came closest to `target`. If even the noise-free expert
+    passes less than `target`, that is the answer: 0.0, and its rate says how far short it falls.
+    """
+    seeds = range(CALIBRATION_SEEDS, CALIBRATION_SEEDS + episodes)
+    tried = {0.0: expert_pass_rate(env, seeds, 0.0)}
+    if tried[0.0] <= target:
+        return 0.0, tried[0.0]
+    tried[1.0] = expert_pass_rate(env, seeds, 1.0)
+    lo, hi = 0.0, 1.0
+    if tried[1.0] < target:
+        for _ in range(steps):
+            mid = round((lo + hi) / 2, 4)
+            tried[mid] = expert_pass_rate(env, seeds, mid)
+            lo, hi = (mid, hi) if tried[mid] > target else (lo, mid)
+    noise = min(tried, key=lambda x: (abs(tried[x] - target), x))
+    return noise, tried[noise]
 
 
 def collect_demos(make_env: Callable[[], AgentEnv], chat: ChatFormat, seeds: Sequence[int], noise: float, batch: int = 64) -> list[Episode]:
@@ -113,32 +152,124 @@ def sft(
             tokens += int(b.attention_mask.sum())
             loss_ema = loss.item() if loss_ema is None else 0.9 * loss_ema + 0.1 * loss.item()
             if log is not None:
-                log({"sft/step": step, "sft/steps": steps, "sft/epoch": epoch, "sft/loss": loss_ema})
+                elapsed = time.perf_counter() - t0
+                log({"sft/step": step, "sft/steps": steps, "sft/epoch": epoch, "sft/loss": loss_ema,
+                     "sft/elapsed_s": elapsed, "sft/eta_s": elapsed / step * (steps - step)})
     model.eval()
     secs = time.perf_counter() - t0
     return {"sft/loss": float(loss_ema or 0.0), "sft/steps": step, "sft/seconds": secs, "sft/tokens_per_s": tokens / secs}
+
+
+def progress_lines(say: Callable[[str], None] | None = None, every: float = 0.1) -> Callable[[dict[str, Any]], None]:
+    """An `sft(log=...)` callback that says the loss, the rate and the ETA about every `every` of the run."""
+    say = say or agentrl_log.say(__name__)
+
+    def log(m: dict[str, Any]) -> None:
+        step, steps = m["sft/step"], m["sft/steps"]
+        stride = max(1, round(steps * every))
+        if step == 1 or step % stride == 0 or step == steps:
+            say(f"  sft step {step}/{steps}  loss {m['sft/loss']:.4f}  {step / max(m['sft/elapsed_s'], 1e-9):.1f} steps/s  "
+                f"ETA {_duration(m['sft/eta_s'])}")
+
+    return log
+
+
+def _duration(secs: float) -> str:
+    secs = int(round(secs))
+    return f"{secs // 60}m{secs % 60:02d}s" if secs >= 60 else f"{secs}s"
 
 
 def cache_root() -> Path:
     return Path(os.environ.get("AGENTRL_CACHE", Path.home() / ".cache" / "agentrl"))
 
 
-def warm_start_key(env_id: str, env_kwargs: dict[str, Any], tiny: TinyModelConfig, sft_cfg: Any, seed: int) -> str:
-    """Changes with anything that changes the warm start: configs, agentrl, the env's own code."""
+KEY_FILE = "warm_start_key.json"  # the key's parts, beside the weights: what a rebuild is explained from
+FINGERPRINT_SEEDS = (40_000_000, 40_000_001, 40_000_002)
+# SFTConfig fields that choose or skip a warm start rather than shape one
+_NOT_IN_KEY = {"warm_start", "rebuild"}
+
+
+def _sha(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def expert_fingerprint(env: AgentEnv, noise: float) -> str | None:
+    """A hash of the expert's episodes (observations, actions, rewards) on a few fixed seeds, noise-free
+    and at `noise`: it changes when the demonstrations would, and not when, say, a helper function is
+    added to the env's module. None if two plays of the same seeds differ (the expert draws from
+    something other than `self.np_random`), since such a fingerprint would rebuild on every run."""
+    plays = [[play_expert(env, seed, n) for seed in FINGERPRINT_SEEDS for n in (0.0, noise)] for _ in range(2)]
+    return _sha(plays[0]) if plays[0] == plays[1] else None
+
+
+def warm_start_parts(env: AgentEnv, env_id: str, env_kwargs: dict[str, Any], tiny: TinyModelConfig, sft_cfg: Any,
+                     seed: int) -> dict[str, Any]:
+    """What the warm start depends on, part by part (the key hashes them; `KEY_FILE` keeps them).
+
+    The expert's behaviour is its fingerprint on a few seeds, or, if the env class sets
+    `warm_start_version`, that version: an explicit promise that the demonstrations changed only
+    when it did. An expert that is not reproducible from the env's seed falls back to the env
+    class's source.
+    """
     import inspect
 
     from agentrl import __version__
 
-    env_cls = type(make(env_id, **env_kwargs))
-    try:
-        env_src = hashlib.sha256(inspect.getsource(inspect.getmodule(env_cls)).encode()).hexdigest()
-    except (OSError, TypeError):
-        env_src = env_cls.__qualname__
-    blob = json.dumps(
-        {"v": __version__, "env": env_id, "kw": env_kwargs, "src": env_src, "tiny": tiny.model_dump(), "sft": sft_cfg.model_dump(), "seed": seed},
-        sort_keys=True,
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    noise = sft_cfg.noise if sft_cfg.noise != "auto" else 0.5
+    version = getattr(env, "warm_start_version", None)
+    if version is not None:
+        expert = f"warm_start_version {version}"
+    else:
+        fp = expert_fingerprint(env, noise)
+        if fp is not None:
+            expert = f"fingerprint {fp}"
+        else:
+            try:
+                expert = f"class source {_sha(inspect.getsource(type(env)))} (the expert is not reproducible from its seed)"
+            except (OSError, TypeError):
+                expert = f"class {type(env).__qualname__} (the expert is not reproducible from its seed)"
+    return {
+        "agentrl": __version__,
+        "env": env_id,
+        "env_kwargs": env_kwargs,
+        "prompt_and_tools": _sha([env.system_prompt, env.tool_schemas()]),
+        "expert": expert,
+        "tiny": tiny.model_dump(),
+        "sft": sft_cfg.model_dump(exclude=_NOT_IN_KEY),
+        "seed": seed,
+    }
+
+
+def key_of(parts: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def warm_start_key(env_id: str, env_kwargs: dict[str, Any], tiny: TinyModelConfig, sft_cfg: Any, seed: int) -> str:
+    """The cache key: changes with what changes the demonstrations or their training (`warm_start_parts`)."""
+    return key_of(warm_start_parts(make(env_id, **env_kwargs), env_id, env_kwargs, tiny, sft_cfg, seed))
+
+
+def why_rebuild(root: Path, parts: dict[str, Any]) -> str:
+    """Why no cached warm start fits: the parts that differ from the newest cached one of the same env."""
+    same_env = []
+    for f in root.glob(f"*/{KEY_FILE}"):
+        try:
+            old = json.loads(f.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if old.get("env") == parts["env"] and (f.parent / "warm_start.json").is_file():
+            same_env.append((f.stat().st_mtime, f.parent.name, old))
+    if not same_env:
+        return f"no warm start of {parts['env']} is cached yet"
+    _, name, old = max(same_env, key=lambda t: t[0])
+    changed = [f"{k}: {_brief(old.get(k))} -> {_brief(v)}" for k, v in parts.items() if old.get(k) != v]
+    return f"the cached one ({name}) differs in " + "; ".join(changed)
+
+
+def _brief(v: Any) -> str:
+    if isinstance(v, dict):  # show only the fields that matter to a reader, not whole configs
+        return json.dumps(v, sort_keys=True, default=str)[:160]
+    return str(v)
 
 
 def warm_start(
@@ -148,37 +279,84 @@ def warm_start(
     sft_cfg: Any,
     seed: int,
     log: Callable[[dict[str, Any]], None] | None = None,
-    say: Callable[[str], None] = print,
+    say: Callable[[str], None] | None = None,
 ) -> Path:
     """Build the tiny policy for `env_id` and fine-tune it on noisy-expert demonstrations, once.
 
     The result is an ordinary HF folder under the cache (`$AGENTRL_CACHE`, default
-    ~/.cache/agentrl/warm/<key>); a second call with the same configuration returns it at once.
+    ~/.cache/agentrl/warm/<key>); a second call with the same key returns it at once, and a
+    rebuild says which part of the key changed. `sft_cfg.warm_start` names a folder to use as is;
+    `sft_cfg.rebuild` rebuilds even when the key is cached. Without `log`, progress (loss, ETA)
+    is said in lines.
     """
-    folder = cache_root() / "warm" / warm_start_key(env_id, env_kwargs, tiny, sft_cfg, seed)
-    if (folder / "warm_start.json").is_file():
+    say = say or agentrl_log.say(__name__)
+    if sft_cfg.warm_start:
+        given = Path(sft_cfg.warm_start).expanduser()
+        if not (given / "config.json").is_file():
+            raise FileNotFoundError(f"sft.warm_start: {given} is not a model folder (no config.json)")
+        say(f"warm start: using {given} as given (sft.warm_start), without checking its key")
+        return given
+    env = make(env_id, **env_kwargs)
+    from agentrl.checker import NO_EXPERT, has_expert
+
+    if not has_expert(env):
+        raise NoExpertError(f"{env_id}: {NO_EXPERT}")
+    parts = warm_start_parts(env, env_id, env_kwargs, tiny, sft_cfg, seed)
+    root = cache_root() / "warm"
+    folder = root / key_of(parts)
+    if (folder / "warm_start.json").is_file() and not sft_cfg.rebuild:
         say(f"warm start: cached at {folder}")
         return folder
+    why = "sft.rebuild is set" if sft_cfg.rebuild else why_rebuild(root, parts)
+    say(f"warm start: building the tiny policy for {env_id} ({sft_cfg.episodes} demonstrations, {sft_cfg.epochs} epochs) "
+        f"because {why}")
     torch.manual_seed(seed)
-    env = make(env_id, **env_kwargs)
+    t0 = time.perf_counter()
+    if sft_cfg.noise == "auto":
+        noise, rate = calibrate_noise(env, sft_cfg.target_expert_pass_rate, sft_cfg.calibration_seeds)
+        say(f"warm start: noise auto -> {noise:g} (the expert passes {rate:.2f} of {sft_cfg.calibration_seeds} "
+            f"calibration episodes; target {sft_cfg.target_expert_pass_rate:g}, {time.perf_counter() - t0:.1f}s)")
+    else:
+        noise = float(sft_cfg.noise)
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    say(f"warm start: building the tiny policy for {env_id} ({sft_cfg.episodes} demonstrations, {sft_cfg.epochs} epochs)")
     # tokenizer corpus: demonstrations from seeds the SFT set does not use
-    corpus = expert_texts(env, range(10_000_000, 10_000_000 + 400), noise=max(sft_cfg.noise, 0.3))
+    corpus = expert_texts(env, range(10_000_000, 10_000_000 + 400), noise=max(noise, 0.3))
     build_tiny_policy(corpus, tmp, tiny, seed=seed)
     policy = Policy.load(tmp)
-    demos = collect_demos(lambda: make(env_id, **env_kwargs), policy.chat, list(range(20_000_000, 20_000_000 + sft_cfg.episodes)), sft_cfg.noise)
+    demos = collect_demos(lambda: make(env_id, **env_kwargs), policy.chat, list(range(20_000_000, 20_000_000 + sft_cfg.episodes)), noise)
+    demo_rate = sum(d.passed for d in demos) / len(demos)
+    hint = ""
+    if sft_cfg.noise != "auto" and not 0.1 <= demo_rate <= 0.9:
+        hint = (" -- far from about half: the warm start will " + ("rarely pass" if demo_rate < 0.1 else "copy a near-perfect "
+                "expert and leave RL little to learn") + "; --sft.noise auto calibrates the slip rate to a target")
+    say(f"warm start: the expert (noise {noise:g}) passes {demo_rate:.2f} of its {len(demos)} demonstrations{hint}")
     metrics = sft(policy.model, demos, policy.chat.pad_id, epochs=sft_cfg.epochs, lr=sft_cfg.lr_for(pretrained=False),
-                  batch_size=sft_cfg.batch_size, seed=seed, log=log)
-    metrics["demo_pass_rate"] = sum(d.passed for d in demos) / len(demos)
+                  batch_size=sft_cfg.batch_size, seed=seed, log=log or progress_lines(say))
+    metrics["demo_pass_rate"] = demo_rate
+    metrics["noise"] = noise
     metrics["parameters"] = policy.num_parameters
+    metrics["built_because"] = why
     policy.save(tmp)
+    (tmp / KEY_FILE).write_text(json.dumps(parts, indent=2, default=str))
     (tmp / "warm_start.json").write_text(json.dumps(metrics, indent=2))
-    if folder.exists():  # another process finished first; keep its copy
+    if folder.exists():  # another process finished first (or a rebuild): keep one copy
         import shutil
 
-        shutil.rmtree(tmp, ignore_errors=True)
+        if sft_cfg.rebuild:
+            shutil.rmtree(folder, ignore_errors=True)
+            tmp.replace(folder)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
     else:
         tmp.replace(folder)
     say(f"warm start: {metrics['parameters']:,} parameters, SFT loss {metrics['sft/loss']:.3f} in {metrics['sft/seconds']:.0f}s, saved to {folder}")
     return folder
+
+
+def tiny_policy_from_conversations(convs: Sequence[Any], out: str | Path, tiny: TinyModelConfig, seed: int = 0) -> Policy:
+    """The tiny policy with a tokenizer trained on these conversations (`agentrl.stages.data.Conversation`),
+    for demonstrations of an env without a scripted expert: the same build the warm start does, on
+    the demonstrations' own text."""
+    corpus = [render_corpus_text(c.system, c.tools or [], [(m.role, m.content) for m in c.messages]) for c in convs]
+    build_tiny_policy(corpus, out, tiny, seed=seed)
+    return Policy.load(out)
