@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import struct
 import sys
 import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentrl.verify import _harness
 from agentrl.verify.sandbox import Limits, LocalSandbox, SandboxError, SandboxPool, TestCase, probe_capabilities
@@ -231,3 +235,95 @@ def test_a_virtualenv_interpreter_resolves_to_the_real_one(tmp_path):
     sandbox = LocalSandbox(python=str(link))
     assert sandbox.python == os.path.realpath(sys.executable)
     assert sandbox.run_program("print(6 * 7)").stdout == "42\n"
+
+
+# -- the protocol: whatever the candidate writes to the pipes is its failure, never the judge's
+
+FRAME_5 = "struct.pack('>I', 1) + b'5'"  # the issue's forged message: a frame holding the JSON `5`
+
+
+def _to_every_fd(frame: str) -> str:
+    """Candidate code writing `frame` to every descriptor it holds: it can always find the reply pipe."""
+    return f"for fd in range(3, 64):\n    try:\n        os.write(fd, {frame})\n    except OSError:\n        pass\n"
+
+
+FORGERIES = {
+    "forged frame at load": "import os, struct\n" + _to_every_fd(FRAME_5) + "def f(x):\n    return 2 * x\n",
+    "forged frame inside the call": "import os, struct\ndef f(x):\n    " + _to_every_fd(FRAME_5).replace("\n", "\n    ") + "return 2 * x\n",
+    "100,000 nested [": "import os, struct\nm = b'[' * 100_000\n" + _to_every_fd("struct.pack('>I', len(m)) + m") + "def f(x):\n    return 2 * x\n",
+    "a length over the frame limit": "import os\n" + _to_every_fd("b'\\xff\\xff\\xff\\xff'") + "def f(x):\n    return 2 * x\n",
+    "an int of 5,000 digits": "import os, struct\nm = b'{\"id\": 1, \"value\": ' + b'7' * 5000 + b'}'\ndef f(x):\n    "
+    + _to_every_fd("struct.pack('>I', len(m)) + m").replace("\n", "\n    ") + "return 2 * x\n",
+    "a set of lists": "import os, struct, json\nm = json.dumps({'id': 1, 'value': {'$s': [[1]]}}).encode()\ndef f(x):\n    "
+    + _to_every_fd("struct.pack('>I', len(m)) + m").replace("\n", "\n    ") + "os._exit(0)\n",
+    "the right answer ahead of time": "import os, struct, json\ndef f(x):\n    m = json.dumps({'id': 1, 'value': 4}).encode()\n    "
+    + _to_every_fd("struct.pack('>I', len(m)) + m").replace("\n", "\n    ") + "return 2 * x\n",
+}
+
+
+@pytest.mark.parametrize("name", list(FORGERIES))
+def test_forged_messages_are_protocol_violations(sb, name):
+    res = sb.run_tests(FORGERIES[name], [TestCase("t0", "assert f(2) == 4"), TestCase("t1", "assert f(3) == 6")], "f")
+    assert res.protocol_violation, res
+    assert res.n_passed == 0 and not res.passed
+    if CAPS.setuid:
+        assert sandbox_processes() == []
+
+
+def test_no_descriptor_number_in_argv(sb):
+    """The issue's attack read the reply pipe's number from argv; there is none to read now."""
+    r = sb.run_program("import sys\nprint(sys.argv)")
+    assert r.stdout == "['-']\n"
+    literal = "import os, struct, sys\nos.write(int(sys.argv[3]), struct.pack('>I', 1) + b'5')\ndef f(x):\n    return 2 * x\n"
+    res = sb.run_tests(literal, [TestCase("t0", "assert f(2) == 4")], "f")
+    assert not res.passed and "IndexError" in (res.load_error or "")  # argv has no fourth item: the write never happens
+    res = sb.run_tests("import sys\nARGV = sys.argv\ndef f(x):\n    return ARGV\n", [TestCase("t0", "assert f(0) == ['']")], "f")
+    assert res.passed  # the worker's argv, as the candidate sees it: nothing
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5) | st.sampled_from(["$t", "$s", "$d", "$b", "$c", "$f", "$fs"]),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(["$t", "$s", "$d", "$b", "$c", "$f", "$fs", "id", "value", "error", "message", "x"]), inner, max_size=3),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(JSON_VALUES)
+def test_any_json_reply_is_a_value_or_a_violation(msg):
+    """The judge's view of one frame: a decoded value, the candidate's exception, or a
+    ProtocolViolation; never TypeError, KeyError or an unhashable set member escaping."""
+    try:
+        out = _harness._check_reply(msg, 1)
+    except _harness.ProtocolViolation:
+        return
+    assert out[0] in ("value", "error")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=64))
+def test_any_bytes_on_the_pipe_are_a_frame_a_violation_or_eof(data):
+    r, w = os.pipe()
+    try:
+        os.write(w, struct.pack(">I", len(data)) + data)
+        os.close(w)
+        w = -1
+        try:
+            _harness.recv(r, time.monotonic() + 1)
+        except (_harness.ProtocolViolation, EOFError):
+            pass
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+
+
+def test_decoder_rejects_what_the_encoder_cannot_produce():
+    for bad in ({"$s": [[1]]}, {"$d": [[[1], 2]]}, {"$b": "!!"}, {"$c": ["a", 1]}, {"$t": 3}, {"$d": [[1]]}, {"a": 1, "b": 2},
+                {"$f": "1e9"}, json.loads("[" * 70 + "1" + "]" * 70)):
+        with pytest.raises(_harness.CodecError):
+            _harness.decode(bad)
+    for wrong in ({"id": 2, "value": 1}, {"id": True, "value": 1}, {"id": 1, "value": 1, "x": 0}, {"id": 1, "error": 3, "message": ""}, 5, [1]):
+        with pytest.raises(_harness.ProtocolViolation):
+            _harness._check_reply(wrong, 1)
+    assert _harness._check_reply({"id": 1, "value": {"$t": [1, {"$s": [2]}]}}, 1) == ("value", (1, {2}))
