@@ -57,7 +57,7 @@ class CreditAssigner(Protocol):
 def group_advantages(
     rewards: torch.Tensor, group_ids: torch.Tensor, std_norm: bool = True, baseline: str = "mean", eps: float = 1e-6
 ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Group-relative outcome advantages (ALGORITHMS.md §3, grpo).
+    """Group-relative outcome advantages (docs/algorithms.md, grpo).
 
     mean baseline: A = (R - mean) / (std + eps), std unbiased as torch.std; without std_norm
     A = R - mean; "rloo": A = G / (G - 1) * (R - mean), the leave-one-out baseline. A group of one

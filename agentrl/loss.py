@@ -1,4 +1,4 @@
-"""The shared policy loss (ALGORITHMS.md §2), as pure functions. It never knows which assigner ran.
+"""The shared policy loss (docs/algorithms.md), as pure functions. It never knows which assigner ran.
 
     rho = exp(logp - logp_behaviour)                         per action token
     l   = -min(rho * A, clip(rho, 1 - eps_low, 1 + eps_high) * A)

@@ -1,7 +1,7 @@
 """Run metrics: `metrics.jsonl` (one JSON object per update, alarm states included), the live
 console, and optional TensorBoard / Weights & Biases (offline) loggers.
 
-The console table has ALGORITHMS.md §4's shape, step | pass_rate | entropy | KL | ... | status,
+The console table has the dashboard's shape (docs/algorithms.md), step | pass_rate | entropy | KL | ... | status,
 with the status coloured (green healthy, yellow a notice, red an alarm); an alarm that turns on or
 clears, and every intervention, is also printed as a line of its own. When output is not a terminal
 (CI, a log file) the same rows print as plain lines.
@@ -30,7 +30,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-# (header, metric key, format); the first four and the last follow ALGORITHMS.md §4's dashboard
+# (header, metric key, format); the first four and the last follow docs/algorithms.md's dashboard
 COLUMNS = [
     ("step", "step", "{:.0f}"),
     ("pass_rate", "rollout/pass_rate", "{:.2f}"),

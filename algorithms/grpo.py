@@ -1,7 +1,7 @@
 """`grpo`: group-relative outcome advantage, critic-free, and its DAPO / Dr. GRPO variants.
 
 Each group holds G episodes of one task from one initial state; an episode's advantage is its
-terminal reward against the group's (ALGORITHMS.md §3), and every action token of the episode
+terminal reward against the group's (docs/algorithms.md, grpo), and every action token of the episode
 carries it. Related: GRPO (DeepSeekMath, arXiv 2402.03300), RLOO (2402.14740), Dr. GRPO
 (2503.20783), DAPO (2503.14476). The loss-side options (clip-higher, aggregation, KL) live in
 `agentrl.loss` so that every assigner shares them.

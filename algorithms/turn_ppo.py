@@ -7,7 +7,7 @@
 
 The critic warms up first: critic-only updates (the policy is left alone) until its held-out
 explained variance passes `warmup_ev` or `warmup_updates` have passed, because an untrained
-critic's advantages can wreck a warm-started policy within a few updates (DESIGN.md).
+critic's advantages can wreck a warm-started policy within a few updates (docs/design.md, Measured facts).
 
 Relatives: Turn-PPO (arXiv 2512.17008), StepPO (2604.18401), RAGEN's bi-level GAE; this is the
 turn-level half of those (one value per turn, shared by the turn's tokens).

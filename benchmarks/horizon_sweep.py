@@ -10,7 +10,7 @@ threads busy, so two single-threaded workers do nearly twice the work of one pro
 The workers write `part<i>/sweep.json`; the parent merges them.
 
 Per horizon (`locks`), the expert's slip rate and the turn slack are calibrated by simulation so
-that the noisy expert passes about half its episodes (DESIGN.md: with a fixed slack a long
+that the noisy expert passes about half its episodes (docs/design.md, Measured facts: with a fixed slack a long
 horizon gives an all-fail warm start and measures nothing); one tiny policy is warm-started by
 SFT on those demonstrations and every (assigner, seed) run starts from it, with the same number
 of updates and episodes. Recorded: the held-out pass rate before and after, the training pass

@@ -1,4 +1,4 @@
-"""Alarms on synthetic histories: ALGORITHMS.md §4's dashboard, each alarm on its own trigger, and
+"""Alarms on synthetic histories: docs/algorithms.md's dashboard (Training health), each alarm on its own trigger, and
 noisy-but-healthy runs that must not fire."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from agentrl.health import (
     smooth,
 )
 
-# ALGORITHMS.md §4, exactly: step | pass_rate | group_entropy | kl_to_ref | status
+# the dashboard of docs/algorithms.md (Training health), exactly: step | pass_rate | group_entropy | kl_to_ref | status
 EXAMPLE = [(200, 0.42, 1.83, 0.04, "healthy"), (800, 0.61, 1.51, 0.11, "healthy"), (1600, 0.73, 1.02, 0.19, "entropy trending down"),
            (2400, 0.79, 0.48, 0.28, "ENTROPY COLLAPSE"), (3200, 0.79, 0.11, 0.44, "stalled + KL drifting")]
 
