@@ -71,3 +71,43 @@ def test_all_164_canonical_pass_and_nulls_fail(tasks, request):
     assert all(x.score == 1.0 for x in v.verify_many(ts, [t.solution for t in ts], workers=4))
     for body in NULL_SOLUTIONS.values():
         assert all(x.score == 0.0 for x in v.verify_many(ts, [body] * len(ts), workers=4))
+
+
+# the issue's two forged messages; the reply pipe is not named in argv any more, so the first
+# writes to every descriptor it holds (a candidate can always find its own pipe)
+FORGED_5 = ("import os, struct\nfor fd in range(3, 64):\n    try:\n        os.write(fd, struct.pack('>I', 1) + b'5')\n"
+            "    except OSError:\n        pass\n")
+NESTED = ("import os, struct\nm = b'[' * 100_000\nfor fd in range(3, 64):\n    try:\n        os.write(fd, struct.pack('>I', len(m)) + m)\n"
+          "    except OSError:\n        pass\n")
+
+
+@pytest.mark.parametrize("attack", [FORGED_5, NESTED], ids=["forged frame", "100,000 nested ["])
+def test_forged_messages_score_zero_as_protocol_violations(tasks, attack):
+    t = tasks["HumanEval/0"]
+    # the canonical solution after the attack: it would pass every test if the forgery were ignored
+    answer = t.solution + "\n" + attack
+    v = CodeVerifier()(t, answer)
+    assert v.score == 0.0 and v.reason.startswith("protocol violation"), v.reason
+    assert CodeVerifier(partial_credit=True)(t, answer).score == 0.0
+
+
+def test_a_code_episode_goes_on_after_a_forged_message():
+    """Inside Code-v0 the forgery is the policy's failure (score 0), not an EnvError that stops training."""
+    import json
+
+    import agentrl
+
+    env = agentrl.make("agentrl/Code-v0")
+
+    def call(name, code):
+        return f'<tool_call>{json.dumps({"name": name, "arguments": {"code": code}})}</tool_call>'
+
+    for attack in (FORGED_5, NESTED):
+        env.reset(seed=0)
+        obs, reward, terminated, truncated, _ = env.step(call("run_tests", env.task.solution + "\n" + attack))
+        assert "protocol violation" in obs and not terminated
+        obs, reward, terminated, truncated, _ = env.step(call("submit", env.task.solution + "\n" + attack))
+        assert terminated and reward == 0.0
+    env.reset(seed=0)  # and the next episode is judged as usual
+    _, reward, terminated, *_ = env.step(call("submit", env.task.solution))
+    assert terminated and reward == 1.0
