@@ -144,13 +144,14 @@ class _Driver:
 
     def _should_generate(self, last_generate: float) -> bool:
         """Generate now, or wait for rows whose env is still busy so that they share the batch?
-        Go when nobody is waiting on an env, or at least as many rows are ready as are waiting, or
-        the oldest ready row has waited as long as a generation takes (a bound on the delay)."""
+        Go when nobody is waiting on an env, or when the oldest ready row has waited as long as the
+        last generation took: a tool faster than a generation never splits the batch (a forward
+        costs nearly the same for half the rows), a slow one delays the ready rows by at most one
+        generation's time."""
         if not self.session.turn_level:
             return True  # the engine's own scheduler joins rows into its running batch
-        waiting = sum(1 for kind, _ in self.in_flight.values() if kind != "reset")
-        return (not waiting or len(self.ready) >= waiting
-                or time.perf_counter() - self.ready_since >= last_generate)
+        waiting = any(kind != "reset" for kind, _ in self.in_flight.values())
+        return not waiting or time.perf_counter() - self.ready_since >= last_generate
 
     def _make_ready(self, row: int) -> None:
         if not self.ready:
