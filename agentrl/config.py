@@ -314,6 +314,11 @@ class TrainConfig(Strict):
             if name not in PRESETS:
                 return data  # the Literal check reports it
             merged = copy.deepcopy(PRESETS[name])
+            try:  # a preset's credit options apply to the assigners that have them (dapo's resampling is grpo-family)
+                fields = get_spec(data.get("algo", "grpo")).config.model_fields
+                merged["credit"] = {k: v for k, v in merged.get("credit", {}).items() if k in fields}
+            except ValueError:
+                pass  # an unknown algo: its own validator says so
             credit = data.get("credit")
             if isinstance(credit, BaseModel):  # options given as a model already: the preset fills only what is unset
                 data = {**data, "credit": credit.model_dump(exclude_unset=True)}

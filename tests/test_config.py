@@ -24,6 +24,9 @@ def test_defaults_and_presets():
     # a value the user set wins over the preset's
     assert TrainConfig(preset="dapo", loss={"eps_high": 0.3}).loss.eps_high == 0.3
     assert TrainConfig(preset="dapo", credit={"overlong": "mask"}).credit.overlong == "mask"
+    # the loss side applies to every assigner; the credit side only where the assigner has those options
+    tp = TrainConfig(algo="turn-ppo", preset="dapo")
+    assert tp.loss.eps_high == 0.28 and tp.credit.algo == "turn-ppo" and not hasattr(tp.credit, "dynamic_sampling")
 
 
 def test_credit_is_typed_by_algo():

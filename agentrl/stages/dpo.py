@@ -134,7 +134,7 @@ def train_preferences(
                     ref_c, _ = _seq_logps(reference, chosen, pad_id)
                     ref_r, _ = _seq_logps(reference, rejected, pad_id)
                 ref_c, ref_r = ref_c.clone(), ref_r.clone()
-            loss, stats = preference_loss(s_c, s_r, ref_c, ref_r, cfg.loss, cfg.beta, cfg.simpo_gamma, n_c, n_r)
+            loss, stats = preference_loss(s_c, s_r, ref_c, ref_r, cfg.loss, cfg.resolved_beta, cfg.simpo_gamma, n_c, n_r)
             if cfg.nll_weight > 0:
                 nll = (-s_c / n_c.clamp(min=1)).mean()
                 loss = loss + cfg.nll_weight * nll
