@@ -11,7 +11,7 @@ old run can be replayed exactly as the live run saw it:
 >>> print(check(rows[:4]).alarms[0].reason)
 entropy 0.480 fell over the last 800 steps and sits below the floor 0.549 (30% of the early 1.830) while pass rate gained only +0.06
 
-How the rules read a history (ALGORITHMS.md §4):
+How the rules read a history (docs/algorithms.md, Training health):
 
 - A series is one metric over the rows that hold it (the final-evaluation row is left out).
 - Smoothing is an exponential moving average whose weight follows the step gap (half-life
@@ -27,8 +27,9 @@ bottom (`plan`): given the history, the alarm states and the current knobs, they
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -43,13 +44,6 @@ STALLED = "STALLED"
 VERIFIER_OVERFIT = "VERIFIER OVERFIT"
 TRUNCATION = "TRUNCATION BLOW-UP"
 NONFINITE = "NON-FINITE"
-ALARMS = (ENTROPY_COLLAPSE, STALLED, KL_DRIFT, VERIFIER_OVERFIT, TRUNCATION, NONFINITE)  # status order
-# How each alarm reads in the status column (ALGORITHMS.md §4's example spells "stalled + KL drifting")
-LABELS = {ENTROPY_COLLAPSE: "ENTROPY COLLAPSE", KL_DRIFT: "KL drifting", STALLED: "stalled",
-          VERIFIER_OVERFIT: "VERIFIER OVERFIT", TRUNCATION: "truncation blow-up", NONFINITE: "NON-FINITE loss/grad"}
-# metrics.jsonl keys of the alarm states: health/entropy_collapse, health/kl_drift, ...
-KEYS = {ENTROPY_COLLAPSE: "health/entropy_collapse", KL_DRIFT: "health/kl_drift", STALLED: "health/stalled",
-        VERIFIER_OVERFIT: "health/verifier_overfit", TRUNCATION: "health/truncation", NONFINITE: "health/nonfinite"}
 ENTROPY_TREND = "entropy trending down"  # a notice, not an alarm: it never stops a run
 
 ENTROPY, KL, PASS, HELDOUT = "train/entropy", "train/kl", "rollout/pass_rate", "eval/pass_rate"
@@ -73,7 +67,7 @@ class AdaptiveEntropy(_Strict):
     enabled: bool = Field(False, description="A controller, not an alarm response: acts every update when on (off: it changes the loss you asked for).")
     target_frac: float = Field(0.5, gt=0, description="Target entropy as a fraction of the early-run entropy: half leaves room to sharpen but keeps exploring.")
     target: float | None = Field(None, gt=0, description="Absolute target entropy (nats per token); overrides target_frac.")
-    step: float = Field(0.005, gt=0, description="Change of c_H per update (ALGORITHMS.md §4: +/- 0.005 steps).")
+    step: float = Field(0.005, gt=0, description="Change of c_H per update (+/- 0.005 steps, docs/algorithms.md).")
     tolerance: float = Field(0.1, ge=0, description="No change while entropy is within this fraction of the target, so the coefficient does not chatter.")
     max_coef: float = Field(0.05, gt=0, description="Upper bound of c_H; larger bonuses swamp the policy gradient of a sparse reward.")
 
@@ -114,7 +108,7 @@ class Interventions(_Strict):
 
 
 class HealthConfig(_Strict):
-    """Alarm thresholds and interventions (ALGORITHMS.md §4). Windows are in updates (steps).
+    """Alarm thresholds and interventions (docs/algorithms.md, Training health). Windows are in updates (steps).
 
     >>> HealthConfig().kl_warn, HealthConfig(on_alarm="stop").on_alarm
     (0.1, 'stop')
@@ -124,19 +118,26 @@ class HealthConfig(_Strict):
         "warn", description="warn: show and log; stop: end the run at the first alarm; intervene: also apply the enabled interventions. warn never changes a run you configured.")
     smooth_steps: float = Field(2.0, gt=0, description="Half-life (updates) of the moving average; 2 damps 64-episode batch noise yet follows a collapse within a few updates.")
     trend_steps: int = Field(8, ge=1, description="Span over which rising / falling is judged; 8 updates of the default run move the pass rate ~0.06, well past smoothed noise.")
-    stall_steps: int = Field(24, ge=1, description="Span of the flat-pass-rate rule: three trend spans, so that a slow but real climb (0.006 per update under 64-episode noise) is not called flat.")
+    stall_steps: int = Field(24, ge=1, description="Shortest span of the no-progress test: three trend spans, so that a slow but real climb (0.006 per update under 64-episode noise) is not called flat.")
+    stall_max_steps: int = Field(96, ge=1, description="Longest span: the test widens from stall_steps up to this until the pass rate's noise is small enough to call it flat (64-episode noise needs ~60-100 updates).")
+    stall_z: float = Field(2.0, ge=0, description="No progress means the fitted gain plus this many standard errors is still flat: a noisy run is not called flat on a bad draw.")
     baseline_steps: int = Field(5, ge=1, description="The first updates that set the early-run level of entropy and truncation.")
-    entropy_floor_frac: float = Field(0.3, gt=0, lt=1, description="ENTROPY COLLAPSE needs entropy below this fraction of its early level (ALGORITHMS.md §4: 30%).")
+    entropy_floor_frac: float = Field(0.3, gt=0, lt=1, description="ENTROPY COLLAPSE needs entropy below this fraction of its early level (30%, docs/algorithms.md).")
     entropy_trend_frac: float = Field(0.2, gt=0, description="'entropy trending down' when the smoothed entropy fell by this fraction of its early level within the trend span.")
+    entropy_flat_frac: float = Field(0.05, ge=0, description="Entropy counts as flat (the policy is not moving) if its fitted change over the stall span is within this fraction of its level.")
     monotone_frac: float = Field(0.75, gt=0, le=1, description="'Fell monotonically' allows this share of rising row-to-row steps to be missing, since smoothed noise still wiggles.")
     rise_min: float = Field(0.08, ge=0, description="Pass rate counts as still rising only if it gained this much over the trend span (~ one standard error of a 64-episode difference).")
-    flat_tol: float = Field(0.02, ge=0, description="Pass rate counts as flat (not rising) if it gained at most this much over the span.")
-    zero_adv_max: float = Field(0.75, gt=0, le=1, description="STALLED when the smoothed share of zero-advantage groups reaches this: 'most groups carry no signal'.")
+    flat_tol: float = Field(0.02, ge=0, description="Pass rate counts as flat if it gained at most this much per stall_steps (scaled with a wider span).")
+    ceiling: float = Field(1.0, gt=0, le=1, description="The best pass rate the verifier allows; lower it when some tasks cannot be solved.")
+    top_margin: float = Field(0.15, ge=0, le=1, description="A plateau within this of the ceiling is success, never STALLED (a run at 0.9 has little left to learn).")
+    far_margin: float = Field(0.3, ge=0, le=1, description="A plateau more than this below the ceiling is STALLED on its own; between the two margins it needs zero-advantage groups or flat/collapsed entropy too.")
+    zero_adv_max: float = Field(0.75, gt=0, le=1, description="Groups carry no signal when the smoothed share of zero-advantage groups reaches this.")
     kl_warn: float = Field(0.1, ge=0, description="KL per token above which rising KL with a pass rate that does not rise is drift (verl's adaptive controller targets 0.1).")
     kl_max: float = Field(0.5, gt=0, description="KL per token that is drift on its own (one practitioner's early-warning figure for 7B models).")
     kl_rise_min: float = Field(0.01, ge=0, description="KL counts as rising if it grew this much over the trend span.")
-    overfit_drop: float = Field(0.05, ge=0, description="VERIFIER OVERFIT needs held-out pass rate to fall by at least this between two evaluations...")
-    overfit_z: float = Field(2.5, ge=0, description="...and by this many standard errors of the difference when episode counts are logged (128 held-out episodes: ~0.15), so a run with a dozen evaluations rarely sees a false alarm.")
+    overfit_steps: int = Field(100, ge=1, description="VERIFIER OVERFIT fits the trend of every held-out evaluation in this many updates (at least the last two): with evaluation every 10 updates, 11 evaluations see a steady slide that any two neighbours hide in noise.")
+    overfit_drop: float = Field(0.05, ge=0, description="...and needs the fitted held-out pass rate to fall by at least this over them...")
+    overfit_z: float = Field(3.0, ge=0, description="...and by this many standard errors of the fitted fall (binomial when episode counts are logged, else from the residuals): on a flat held-out rate under 128-episode noise, 1 run in 100 with 13 evaluations saw a false alarm (5 at 2.5).")
     overfit_rise: float = Field(0.05, ge=0, description="...while the smoothed train pass rate rose by at least this over the same steps.")
     trunc_rise: float = Field(0.25, gt=0, le=1, description="Truncation blow-up when the truncated share rose this far above its early level (episodes grow past the turn or context budget)...")
     trunc_max: float | None = Field(None, gt=0, le=1, description="...or reached this share at all. Off by default: where failing means running out of turns (Vault), half the warm start's episodes are truncated by design.")
@@ -150,6 +151,35 @@ class HealthConfig(_Strict):
 class Alarm:
     name: str
     reason: str  # in words: why it fired, with the numbers
+
+
+@dataclass(frozen=True)
+class AlarmSpec:
+    """One alarm: its name (what logs, reports and the docs call it), how the status column spells it,
+    its 0/1 key in metrics.jsonl, and its check: a reason in words when it fires, else None.
+
+    Adding an alarm is one `register(AlarmSpec(...))` beside its check; the trainer's log, the
+    console, `alarm_spans` and the report read `ALARMS`.
+    """
+
+    name: str
+    label: str
+    key: str
+    check: Callable[[Reading], str | None]
+
+
+ALARMS: dict[str, AlarmSpec] = {}  # the registry, in status order
+
+
+def register(spec: AlarmSpec) -> AlarmSpec:
+    if spec.name in ALARMS:
+        raise ValueError(f"alarm {spec.name!r} is registered already")
+    ALARMS[spec.name] = spec
+    return spec
+
+
+def _order(name: str) -> int:
+    return list(ALARMS).index(name) if name in ALARMS else len(ALARMS)
 
 
 @dataclass
@@ -173,12 +203,12 @@ class Health:
     def status(self) -> str:
         """The dashboard's status column: 'healthy', a notice, or the alarms joined by ' + '."""
         if self.alarms:
-            return " + ".join(LABELS[a.name] for a in sorted(self.alarms, key=lambda a: ALARMS.index(a.name)))
+            return " + ".join(ALARMS[a.name].label if a.name in ALARMS else a.name for a in sorted(self.alarms, key=lambda a: _order(a.name)))
         return " + ".join(self.notices) or "healthy"
 
     def metrics(self) -> dict[str, Any]:
         """What the trainer writes into metrics.jsonl: one 0/1 per alarm, the status and the reasons."""
-        out: dict[str, Any] = {key: float(name in self.names) for name, key in KEYS.items()}
+        out: dict[str, Any] = {spec.key: float(name in self.names) for name, spec in ALARMS.items()}
         out["health/status"] = self.status
         out["health/level"] = self.level
         if self.alarms or self.notices:
@@ -254,99 +284,279 @@ def _falling(points: Sequence[Point], lag: float, monotone_frac: float) -> bool:
     steps = [b[1] - a[1] for a, b in zip(span, span[1:])]
     return bool(steps) and span[-1][1] < span[0][1] and sum(d < 0 for d in steps) >= monotone_frac * len(steps)
 
+@dataclass(frozen=True)
+class Trend:
+    """A least-squares line through (step, value) points: what a noisy series did over a span."""
+
+    slope: float  # per step
+    se: float  # standard error of the slope; 0 for two points, read as they stand
+    level: float  # the fitted value at the last point
+    span: float  # steps from the first point to the last
+    mean: float  # of the values: a flat line's level, steadier than its end point
+    mean_se: float  # its standard error (from the residuals; 0 below 3 points)
+
+    @property
+    def gain(self) -> float:
+        return self.slope * self.span
+
+
+def trend(points: Sequence[Point], variances: Sequence[float] | None = None) -> Trend | None:
+    """Fit a line; the slope's error comes from known per-point variances (binomial counts) when
+    given, else from the residuals (3 points or more).
+
+    >>> t = trend([(0, 1.0), (1, 2.0), (2, 3.0)])
+    >>> t.slope, t.se, t.level, t.gain, t.mean
+    (1.0, 0.0, 3.0, 2.0, 2.0)
+    """
+    n = len(points)
+    if n < 2:
+        return None
+    ts, vs = [p[0] for p in points], [p[1] for p in points]
+    tbar, vbar = sum(ts) / n, sum(vs) / n
+    sxx = sum((t - tbar) ** 2 for t in ts)
+    if sxx == 0:
+        return None
+    slope = sum((t - tbar) * (v - vbar) for t, v in zip(ts, vs)) / sxx
+    resid_var = sum((v - vbar - slope * (t - tbar)) ** 2 for t, v in zip(ts, vs)) / (n - 2) if n >= 3 else 0.0
+    if variances is not None:
+        se = math.sqrt(sum(((t - tbar) / sxx) ** 2 * var for t, var in zip(ts, variances)))
+    else:
+        se = math.sqrt(resid_var / sxx)
+    return Trend(slope, se, vbar + slope * (ts[-1] - tbar), ts[-1] - ts[0], vbar, math.sqrt(resid_var / n))
+
+
+def since(points: Sequence[Point], lag: float) -> list[Point] | None:
+    """The points from the latest one at least `lag` steps before the last, to the last; None if the
+    history is shorter. (Sparse logs get a span of two points, read as they stand.)"""
+    ref = at_lag(points, lag)
+    return None if ref is None else [p for p in points if p[0] >= ref[0]]
+
+
+class Reading:
+    """What the checks read from one history: the series, smoothed or raw, computed once, and the
+    other alarms' verdicts (a check may depend on another: collapse defers to a stall)."""
+
+    def __init__(self, rows: Sequence[Row], cfg: HealthConfig):
+        self.rows, self.cfg = rows, cfg
+        self.step = float(rows[-1]["step"])
+        self._verdicts: dict[str, str | None] = {}
+        self._series: dict[tuple[str, bool], list[Point]] = {}
+
+    def fires(self, name: str) -> str | None:
+        """The reason alarm `name` fires at this row, or None (each check runs once)."""
+        if name not in self._verdicts:
+            self._verdicts[name] = ALARMS[name].check(self)
+        return self._verdicts[name]
+
+    def raw(self, key: str) -> list[Point]:
+        """The finite values of `key` (computed once per key)."""
+        if (key, False) not in self._series:
+            self._series[key, False] = [p for p in series(self.rows, key) if math.isfinite(p[1])]
+        return self._series[key, False]
+
+    def smoothed(self, key: str) -> list[Point]:
+        if (key, True) not in self._series:
+            self._series[key, True] = smooth(series(self.rows, key), self.cfg.smooth_steps)
+        return self._series[key, True]
+
+    @functools.cached_property
+    def ent(self) -> list[Point]:
+        return self.smoothed(ENTROPY)
+
+    @functools.cached_property
+    def pas(self) -> list[Point]:
+        return self.smoothed(PASS)
+
+    @functools.cached_property
+    def base_ent(self) -> float | None:
+        return early_level(self.raw(ENTROPY), self.cfg.baseline_steps)
+
+    @functools.cached_property
+    def floor(self) -> float | None:
+        return self.cfg.entropy_floor_frac * self.base_ent if self.base_ent else None
+
+    @functools.cached_property
+    def below_floor(self) -> bool:
+        raw = self.raw(ENTROPY)
+        return self.floor is not None and bool(raw) and raw[-1][1] < self.floor
+
+    @functools.cached_property
+    def pass_gain(self) -> tuple[float, float] | None:
+        return change(self.pas, self.cfg.trend_steps, settle=2 * self.cfg.smooth_steps)
+
+
+# -- the alarms: each a check over a Reading, registered below in status order ----------------------
+
+
+def check_entropy_collapse(r: Reading) -> str | None:
+    """Smoothed entropy fell monotonically over the trend span, sits below the floor, and the pass
+    rate has stopped rising. Once the run is STALLED as well, the stall (which names the spent
+    entropy as its cause) is the state to act on, and the collapse hands over."""
+    cfg, raw = r.cfg, r.raw(ENTROPY)
+    if not (r.ent and r.base_ent) or not _falling(r.ent, cfg.trend_steps, cfg.monotone_frac) or not r.below_floor:
+        return None
+    not_rising = r.pass_gain is not None and r.pass_gain[0] < cfg.rise_min
+    if not (not_rising or not r.pas) or r.fires(STALLED):
+        return None
+    drop = change(r.ent, cfg.trend_steps)
+    gain = f"pass rate gained only {r.pass_gain[0]:+.2f}" if r.pass_gain else "no pass rate logged"
+    return (f"entropy {raw[-1][1]:.3f} fell over the last {drop[1]:.0f} steps and sits below the floor {r.floor:.3f} "
+            f"({cfg.entropy_floor_frac:.0%} of the early {r.base_ent:.3f}) while {gain}")
+
+
+def no_progress(r: Reading) -> tuple[Trend, float] | None:
+    """(the pass rate's trend, the span asked for) if the pass rate is flat, else None.
+
+    Flat means: a line fitted to the raw pass rate over the span gains at most `flat_tol` per
+    `stall_steps`, even `stall_z` standard errors up. The span starts at `stall_steps` and widens
+    (x1.5, x2, x3, x4, up to `stall_max_steps`) until the history runs out, so a noisy run needs
+    more updates before it can be called flat: the window scales with the noise.
+    """
+    cfg, pts = r.cfg, r.raw(PASS)
+    start = None
+    for mult in (1, 1.5, 2, 3, 4):
+        want = min(cfg.stall_steps * mult, max(cfg.stall_max_steps, cfg.stall_steps))
+        span = since(pts, want)
+        if span is None or span[0] == start:  # no more history, or a sparse log whose span did not grow
+            return None
+        start, t = span[0], trend(span)
+        if t is not None and (t.slope + cfg.stall_z * t.se) * t.span <= cfg.flat_tol * want / cfg.stall_steps:
+            return t, want
+        if want >= cfg.stall_max_steps:
+            return None
+    return None
+
+
+def check_stalled(r: Reading) -> str | None:
+    """No progress and no signal: the pass rate is flat (`no_progress`), below the top band, and
+    either far below the ceiling or starved of signal (most groups zero-advantage, entropy flat or
+    under the floor). A plateau near the ceiling is success, not a stall."""
+    cfg = r.cfg
+    flat = no_progress(r)
+    if flat is None:
+        return None
+    t, want = flat
+    if t.mean + cfg.stall_z * t.mean_se >= cfg.ceiling - cfg.top_margin:  # near the top, within noise: success
+        return None
+    why = []
+    zero = r.smoothed(ZERO_ADV)
+    if zero and zero[-1][1] >= cfg.zero_adv_max:
+        why.append(f"{zero[-1][1]:.0%} of groups carry zero advantage (>= {cfg.zero_adv_max:.0%})")
+    raw_ent = r.raw(ENTROPY)
+    if r.below_floor:
+        why.append(f"entropy {raw_ent[-1][1]:.3f} is below the floor {r.floor:.3f}: groups stop exploring")
+    else:
+        span = since(raw_ent, t.span)
+        et = trend(span) if span else None
+        mean = sum(v for _, v in span) / len(span) if span else 0.0
+        if et is not None and mean > 0 and abs(et.gain) <= cfg.entropy_flat_frac * mean:
+            why.append(f"entropy is flat ({et.gain / mean:+.1%} over {et.span:.0f} steps): the policy has stopped moving")
+    if t.mean + cfg.stall_z * t.mean_se <= cfg.ceiling - cfg.far_margin:
+        why.append(f"the plateau is far below the ceiling {cfg.ceiling:.2f}")
+    if not why:
+        return None
+    return f"pass rate {t.mean:.2f} gained {t.gain:+.2f} over {t.span:.0f} steps (flat: <= {cfg.flat_tol * want / cfg.stall_steps:+.2f}); " + "; ".join(why)
+
+
+def check_kl_drift(r: Reading) -> str | None:
+    """KL per token above kl_max, or above kl_warn and rising while the pass rate (held-out when
+    evaluated in the span, else train) does not rise."""
+    cfg, kl = r.cfg, r.smoothed(KL)
+    if not kl or not math.isfinite(kl[-1][1]):
+        return None
+    now = kl[-1][1]
+    if now >= cfg.kl_max:
+        return f"KL {now:.3f} per token is above the ceiling {cfg.kl_max}"
+    kl_rise = change(kl, cfg.trend_steps)
+    held = series(r.rows, HELDOUT)
+    ref, which = (change(held, cfg.trend_steps), "held-out") if len(held) >= 2 and held[-1][0] >= kl[-1][0] - cfg.trend_steps else (r.pass_gain, "train")
+    if which == "held-out" and ref is None:
+        ref, which = r.pass_gain, "train"
+    if now >= cfg.kl_warn and kl_rise is not None and kl_rise[0] >= cfg.kl_rise_min and ref is not None and ref[0] <= cfg.flat_tol:
+        return f"KL {now:.3f} per token (>= {cfg.kl_warn}) rose {kl_rise[0]:+.3f} over {kl_rise[1]:.0f} steps while {which} pass rate moved {ref[0]:+.2f}"
+    return None
+
+
+def check_verifier_overfit(r: Reading) -> str | None:
+    """At an evaluation: the held-out pass rate's fitted trend over the evaluations of the last
+    `overfit_steps` updates (at least the last two) fell beyond noise while the smoothed train pass
+    rate rose over the same steps."""
+    cfg = r.cfg
+    held = r.raw(HELDOUT)
+    if len(held) < 2 or held[-1][0] != r.step:
+        return None
+    window = [p for p in held if p[0] >= r.step - cfg.overfit_steps]
+    window = window if len(window) >= 2 else held[-2:]
+    counts = [_count(r.rows, s, "eval/episodes") for s, _ in window]
+    p = min(max(sum(v for _, v in window) / len(window), 0.05), 0.95)
+    variances = [p * (1 - p) / n for n in counts] if all(counts) else None
+    t = trend(window, variances)
+    if t is None:
+        return None
+    need = cfg.overfit_drop
+    if variances is not None or len(window) >= 3:
+        need = max(need, cfg.overfit_z * t.se * t.span)
+    s0 = window[0][0]
+    tr0 = [v for s, v in r.pas if s <= s0]
+    tr_rise = r.pas[-1][1] - tr0[-1] if tr0 and r.pas else None
+    if -t.gain >= need and tr_rise is not None and tr_rise >= cfg.overfit_rise:
+        return (f"held-out pass rate fell {window[0][1]:.2f} -> {window[-1][1]:.2f} over {len(window)} evaluations (fitted {t.gain:+.2f}, "
+                f"needed a fall of {need:.2f}) between steps {s0:.0f} and {r.step:.0f} while train pass rate rose {tr_rise:+.2f}")
+    return None
+
+
+def check_truncation(r: Reading) -> str | None:
+    """Many episodes hit the turn / context budget, or far more than early on."""
+    cfg, tr = r.cfg, r.smoothed(TRUNC)
+    if not tr:
+        return None
+    base = early_level(series(r.rows, TRUNC), cfg.baseline_steps) or 0.0
+    over_max = cfg.trunc_max is not None and tr[-1][1] >= cfg.trunc_max
+    if over_max or tr[-1][1] >= base + cfg.trunc_rise:
+        limit = f"+{cfg.trunc_rise:.0%}" + (f" or {cfg.trunc_max:.0%}" if cfg.trunc_max is not None else "")
+        return f"{tr[-1][1]:.0%} of episodes are truncated (early run: {base:.0%}; limit {limit})"
+    return None
+
+
+def check_nonfinite(r: Reading) -> str | None:
+    """The latest update's loss, gradient norm, KL or entropy is NaN or infinite."""
+    last = r.rows[-1]
+    bad = [k for k in FINITE_KEYS if isinstance(last.get(k), (int, float)) and not math.isfinite(last[k])]
+    return ", ".join(f"{k} = {last[k]}" for k in bad) + " at this update" if bad else None
+
+
+# How each alarm reads in the status column: the docs' example spells "stalled + KL drifting"
+register(AlarmSpec(ENTROPY_COLLAPSE, "ENTROPY COLLAPSE", "health/entropy_collapse", check_entropy_collapse))
+register(AlarmSpec(STALLED, "stalled", "health/stalled", check_stalled))
+register(AlarmSpec(KL_DRIFT, "KL drifting", "health/kl_drift", check_kl_drift))
+register(AlarmSpec(VERIFIER_OVERFIT, "VERIFIER OVERFIT", "health/verifier_overfit", check_verifier_overfit))
+register(AlarmSpec(TRUNCATION, "truncation blow-up", "health/truncation", check_truncation))
+register(AlarmSpec(NONFINITE, "NON-FINITE loss/grad", "health/nonfinite", check_nonfinite))
+
+
+def entropy_trending_down(r: Reading) -> bool:
+    """A notice: entropy fell by `entropy_trend_frac` of its early level within the trend span, but
+    is not below the floor yet (where ENTROPY COLLAPSE takes over)."""
+    cfg = r.cfg
+    if not (r.ent and r.base_ent) or r.below_floor or not _falling(r.ent, cfg.trend_steps, cfg.monotone_frac):
+        return False
+    drop = change(r.ent, cfg.trend_steps)
+    return drop is not None and -drop[0] >= cfg.entropy_trend_frac * r.base_ent
+
+
+NOTICES: dict[str, Callable[[Reading], bool]] = {ENTROPY_TREND: entropy_trending_down}
+
 
 def check(history: Sequence[Row], cfg: HealthConfig | None = None) -> Health:
     """The alarm states at the last row of `history` (pure: the same history, the same answer)."""
     cfg = cfg or HealthConfig()
     rows = [r for r in history if not r.get("final")]
-    health = Health(step=float(rows[-1]["step"]) if rows else 0.0)
     if not rows:
-        return health
-
-    # NON-FINITE: the latest update's loss, gradient norm, KL or entropy is NaN or infinite
-    last = rows[-1]
-    bad = [k for k in FINITE_KEYS if isinstance(last.get(k), (int, float)) and not math.isfinite(last[k])]
-    if bad:
-        health.alarms.append(Alarm(NONFINITE, ", ".join(f"{k} = {last[k]}" for k in bad) + " at this update"))
-
-    ent = smooth(series(rows, ENTROPY), cfg.smooth_steps)
-    pas = smooth(series(rows, PASS), cfg.smooth_steps)
-    kl = smooth(series(rows, KL), cfg.smooth_steps)
-    raw_ent = [p for p in series(rows, ENTROPY) if math.isfinite(p[1])]
-    base_ent = early_level(raw_ent, cfg.baseline_steps)
-    pass_gain = change(pas, cfg.trend_steps, settle=2 * cfg.smooth_steps)
-    floor = cfg.entropy_floor_frac * base_ent if base_ent else None
-    health.entropy_floor = floor
-    below_floor = floor is not None and bool(raw_ent) and raw_ent[-1][1] < floor
-
-    # STALLED: most groups carry zero advantage, or the pass rate is flat over `stall_steps`
-    stalled_why = []
-    zero = smooth(series(rows, ZERO_ADV), cfg.smooth_steps)
-    if zero and zero[-1][1] >= cfg.zero_adv_max:
-        stalled_why.append(f"{zero[-1][1]:.0%} of groups carry zero advantage (>= {cfg.zero_adv_max:.0%})")
-    flat = change(pas, cfg.stall_steps, settle=2 * cfg.smooth_steps)
-    if flat is not None and flat[0] <= cfg.flat_tol:
-        stalled_why.append(f"pass rate {pas[-1][1]:.2f} gained {flat[0]:+.2f} over {flat[1]:.0f} steps (flat: <= {cfg.flat_tol:+.2f})")
-    if stalled_why:
-        if below_floor:
-            stalled_why.append(f"entropy {raw_ent[-1][1]:.3f} is below the floor {floor:.3f}: groups stop exploring")
-        health.alarms.append(Alarm(STALLED, "; ".join(stalled_why)))
-
-    # ENTROPY COLLAPSE: smoothed entropy fell monotonically over the trend span, sits below the
-    # floor, and the pass rate has stopped rising. Once the run is STALLED as well, the stall (which
-    # names the spent entropy as its cause) is the state to act on, and the collapse hands over.
-    if ent and base_ent:
-        falling = _falling(ent, cfg.trend_steps, cfg.monotone_frac)
-        drop = change(ent, cfg.trend_steps)
-        not_rising = pass_gain is not None and pass_gain[0] < cfg.rise_min
-        if falling and below_floor and (not_rising or not pas) and STALLED not in health.names:
-            gain = f"pass rate gained only {pass_gain[0]:+.2f}" if pass_gain else "no pass rate logged"
-            health.alarms.append(Alarm(ENTROPY_COLLAPSE, f"entropy {raw_ent[-1][1]:.3f} fell over the last {drop[1]:.0f} steps and sits below "
-                                                         f"the floor {floor:.3f} ({cfg.entropy_floor_frac:.0%} of the early {base_ent:.3f}) while {gain}"))
-        elif falling and drop is not None and -drop[0] >= cfg.entropy_trend_frac * base_ent and not below_floor:
-            health.notices.append(ENTROPY_TREND)
-
-    # KL DRIFT: KL per token above kl_max, or above kl_warn and rising while the pass rate (held-out
-    # when evaluated in the span, else train) does not rise
-    if kl and math.isfinite(kl[-1][1]):
-        now = kl[-1][1]
-        if now >= cfg.kl_max:
-            health.alarms.append(Alarm(KL_DRIFT, f"KL {now:.3f} per token is above the ceiling {cfg.kl_max}"))
-        else:
-            kl_rise = change(kl, cfg.trend_steps)
-            held = series(rows, HELDOUT)
-            ref, which = (change(held, cfg.trend_steps), "held-out") if len(held) >= 2 and held[-1][0] >= kl[-1][0] - cfg.trend_steps else (pass_gain, "train")
-            if which == "held-out" and ref is None:
-                ref, which = pass_gain, "train"
-            if now >= cfg.kl_warn and kl_rise is not None and kl_rise[0] >= cfg.kl_rise_min and ref is not None and ref[0] <= cfg.flat_tol:
-                health.alarms.append(Alarm(KL_DRIFT, f"KL {now:.3f} per token (>= {cfg.kl_warn}) rose {kl_rise[0]:+.3f} over {kl_rise[1]:.0f} steps "
-                                                     f"while {which} pass rate moved {ref[0]:+.2f}"))
-
-    # VERIFIER OVERFIT: held-out pass rate fell between its last two evaluations (beyond noise)
-    # while the train pass rate rose over the same steps
-    held = series(rows, HELDOUT)
-    if len(held) >= 2 and held[-1][0] == health.step:
-        (s0, h0), (s1, h1) = held[-2], held[-1]
-        n0, n1 = _count(rows, s0, "eval/episodes"), _count(rows, s1, "eval/episodes")
-        need = cfg.overfit_drop
-        if n0 and n1:
-            p = min(max((h0 + h1) / 2, 0.05), 0.95)
-            need = max(need, cfg.overfit_z * math.sqrt(p * (1 - p) * (1 / n0 + 1 / n1)))
-        tr0 = [v for s, v in pas if s <= s0]
-        tr_rise = pas[-1][1] - tr0[-1] if tr0 and pas else None
-        if h0 - h1 >= need and tr_rise is not None and tr_rise >= cfg.overfit_rise:
-            health.alarms.append(Alarm(VERIFIER_OVERFIT, f"held-out pass rate fell {h0:.2f} -> {h1:.2f} (needed a drop of {need:.2f}) between steps "
-                                                         f"{s0:.0f} and {s1:.0f} while train pass rate rose {tr_rise:+.2f}"))
-
-    # TRUNCATION BLOW-UP: many episodes hit the turn / context budget, or far more than early on
-    tr = smooth(series(rows, TRUNC), cfg.smooth_steps)
-    if tr:
-        base = early_level(series(rows, TRUNC), cfg.baseline_steps) or 0.0
-        over_max = cfg.trunc_max is not None and tr[-1][1] >= cfg.trunc_max
-        if over_max or tr[-1][1] >= base + cfg.trunc_rise:
-            limit = f"+{cfg.trunc_rise:.0%}" + (f" or {cfg.trunc_max:.0%}" if cfg.trunc_max is not None else "")
-            health.alarms.append(Alarm(TRUNCATION, f"{tr[-1][1]:.0%} of episodes are truncated (early run: {base:.0%}; limit {limit})"))
-    health.alarms.sort(key=lambda a: ALARMS.index(a.name))
+        return Health(step=0.0)
+    r = Reading(rows, cfg)
+    health = Health(step=r.step, entropy_floor=r.floor)
+    health.alarms = [Alarm(name, why) for name in ALARMS if (why := r.fires(name)) is not None]
+    health.notices = [name for name, notice in NOTICES.items() if notice(r)]
     return health
 
 
@@ -370,8 +580,8 @@ def alarm_spans(history: Sequence[Row], cfg: HealthConfig | None = None) -> dict
     saw; otherwise the history is replayed.
     """
     rows = [r for r in history if not r.get("final") and float(r.get("step", 0)) > 0]
-    logged = any(KEYS[STALLED] in r for r in rows)
-    states = [{n for n, k in KEYS.items() if r.get(k)} for r in rows] if logged else [h.names for h in replay(rows, cfg)]
+    logged = any(spec.key in r for r in rows for spec in ALARMS.values())
+    states = [{n for n, spec in ALARMS.items() if r.get(spec.key)} for r in rows] if logged else [h.names for h in replay(rows, cfg)]
     spans: dict[str, list[tuple[float, float]]] = {}
     for name in ALARMS:
         cur: list[float] | None = None
@@ -526,4 +736,5 @@ def plan(history: Sequence[Row], health: Health, knobs: Knobs, cfg: HealthConfig
     return [a for a in actions if a is not None]
 
 
-__all__ = ["ALARMS", "Action", "Alarm", "Health", "HealthConfig", "Knobs", "alarm_spans", "check", "plan", "replay", "series", "smooth"]
+__all__ = ["ALARMS", "NOTICES", "Action", "Alarm", "AlarmSpec", "Health", "HealthConfig", "Knobs", "Reading", "alarm_spans", "check", "plan",
+           "register", "replay", "series", "smooth", "trend"]

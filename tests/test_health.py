@@ -101,12 +101,83 @@ def test_kl_drift_by_ceiling_and_by_rising_without_progress():
 
 
 def test_stalled_by_zero_advantage_groups_and_by_a_flat_pass_rate():
-    zero = [{"step": t, "credit/zero_adv_frac": 0.9, "rollout/pass_rate": 0.1 + 0.05 * t} for t in range(1, 6)]
+    zero = [{"step": t, "credit/zero_adv_frac": 0.9, "rollout/pass_rate": 0.75} for t in range(1, 31)]
     assert "zero advantage" in check(zero).alarms[0].reason
-    assert STALLED not in check([{**r, "credit/zero_adv_frac": 0.5} for r in zero]).names
+    assert STALLED not in check([{**r, "rollout/pass_rate": 0.1 + 0.02 * r["step"]} for r in zero]).names  # signal-starved but climbing
+    assert STALLED not in check([{**r, "credit/zero_adv_frac": 0.5} for r in zero]).names  # 0.75: neither near the top nor far below
     flat = [{"step": t, "rollout/pass_rate": 0.55} for t in range(1, 31)]
     assert STALLED in check(flat).names and STALLED not in check(flat[:24]).names  # needs stall_steps of history
+    assert "far below the ceiling" in check(flat).alarms[0].reason
     assert STALLED not in check(flat, HealthConfig(stall_steps=40)).names
+
+
+def synthetic_run(seed: int, n: int, pass_rate, entropy=lambda t: 1.2 * (0.4 + 0.6 * math.exp(-t / 60)),
+                  kl=lambda t: 0.06 * (1 - math.exp(-t / 50)), zero_adv=None, heldout=None, episodes: int = 64, eval_n: int = 128) -> list[dict]:
+    """Rows of a run whose true pass rate, entropy, KL and held-out rate follow the given curves, under
+    binomial batch noise (64 episodes per update, 128 per evaluation every 10 updates)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for t in range(1, n + 1):
+        p = pass_rate(t)
+        z = zero_adv(t) if zero_adv else 0.15 + 0.3 * p
+        r = {"step": t, "rollout/pass_rate": rng.binomial(episodes, p) / episodes, "rollout/episodes": episodes,
+             "train/entropy": entropy(t) * (1 + rng.normal(0, 0.04)), "train/kl": kl(t) * (1 + rng.normal(0, 0.2)),
+             "credit/zero_adv_frac": float(np.clip(z + rng.normal(0, 0.1), 0, 1)),
+             "rollout/truncated_frac": float(np.clip(0.05 + rng.normal(0, 0.03), 0, 1)),
+             "train/loss": float(rng.normal(0, 0.1)), "train/grad_norm": float(abs(rng.normal(0.5, 0.1)))}
+        if t % 10 == 0:
+            r["eval/pass_rate"], r["eval/episodes"] = rng.binomial(eval_n, heldout(t) if heldout else p) / eval_n, eval_n
+        rows.append(r)
+    return rows
+
+
+def first_step(rows: list[dict], name: str, cfg: HealthConfig | None = None) -> float | None:
+    return next((h.step for h in replay(rows, cfg) if name in h.names), None)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_stalled_not_on_a_slow_noisy_climb(seed):
+    # +0.003 per update: ~+0.07 over 24 updates, which 64-episode noise (sd ~0.06 per update) can
+    # make look like +0.01; the old 24-step rule called every one of these ten runs stalled by update 58
+    rows = synthetic_run(seed, 60, lambda t: 0.3 + 0.003 * t)
+    assert first_step(rows, STALLED) is None
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_stalled_not_on_a_plateau_near_the_top(seed):
+    # up to 0.9 by update 40, then flat for 60 with flat entropy and mostly all-pass groups: success
+    rows = synthetic_run(seed, 100, lambda t: min(0.5 + 0.01 * t, 0.9), entropy=lambda t: 0.6, zero_adv=lambda t: 0.7)
+    assert first_step(rows, STALLED) is None
+    assert first_step(rows, STALLED, HealthConfig(top_margin=0.0)) is not None  # without the top band it is "flat"
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_a_300_update_noisy_but_healthy_run_raises_no_alarm(seed):
+    # climbs at 0.006-0.01 per update to 0.9 and stays there; entropy sharpens to 40%, KL settles at 0.06
+    slope = (0.006, 0.01)[seed]
+    rows = synthetic_run(seed, 300, lambda t: min(0.3 + slope * t, 0.9))
+    assert [(h.step, a.name) for h in replay(rows) for a in h.alarms] == []
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_stalled_fires_on_a_real_stall_within_the_noise_scaled_window(seed):
+    # rises to 0.45 by update 20, then nothing moves: pass rate flat under noise, entropy flat
+    rows = synthetic_run(seed, 150, lambda t: min(0.2 + 0.0125 * t, 0.45), entropy=lambda t: 0.9)
+    first = first_step(rows, STALLED)
+    assert first is not None and 20 + 24 <= first <= 20 + 100  # never before stall_steps of flat history
+    reason = next(a.reason for a in check(rows).alarms if a.name == STALLED)
+    assert "far below the ceiling" in reason and "entropy is flat" in reason
+
+
+def test_stalled_between_the_margins_needs_a_missing_signal():
+    # a plateau at 0.78 (between 0.7 and 0.85): stalled only if entropy stopped moving or groups carry no signal
+    flat = [{"step": t, "rollout/pass_rate": 0.78 + 0.01 * (-1) ** t, "credit/zero_adv_frac": 0.4} for t in range(1, 41)]
+    moving = [{**r, "train/entropy": 1.0 - 0.01 * r["step"]} for r in flat]  # -40% over the span: the policy still changes
+    still = [{**r, "train/entropy": 0.6 + 0.005 * (-1) ** r["step"]} for r in flat]
+    starved = [{**r, "credit/zero_adv_frac": 0.9} for r in moving]
+    assert STALLED not in check(flat).names and STALLED not in check(moving).names
+    assert "entropy is flat" in check(still).alarms[0].reason
+    assert "zero advantage" in check(starved).alarms[0].reason
 
 
 def test_verifier_overfit_needs_a_drop_beyond_noise_while_train_rises():
@@ -123,6 +194,22 @@ def test_verifier_overfit_needs_a_drop_beyond_noise_while_train_rises():
     assert VERIFIER_OVERFIT not in run(0.60, 0.50, episodes=128).names  # within 2.5 standard errors of 128 episodes
     flat_train = [{"step": t, "rollout/pass_rate": 0.5, **({"eval/pass_rate": 0.6 if t == 10 else 0.4} if t in (10, 20) else {})} for t in range(1, 21)]
     assert VERIFIER_OVERFIT not in check(flat_train).names  # both falling: not over-fitting the verifier
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_verifier_overfit_on_a_steady_slide_over_many_evaluations(seed):
+    # train climbs 0.3 -> 0.9 while held-out slides 0.6 -> 0.35 over 150 updates: -0.017 per evaluation,
+    # well inside the noise of any two neighbours (sd ~0.06), so the old last-two rule never fired
+    rows = synthetic_run(seed, 150, lambda t: min(0.3 + 0.005 * t, 0.9), heldout=lambda t: 0.6 - 0.0017 * t)
+    first = first_step(rows, VERIFIER_OVERFIT)
+    assert first is not None and first % 10 == 0
+    assert "evaluations" in next(a.reason for h in replay(rows) for a in h.alarms if a.name == VERIFIER_OVERFIT)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_verifier_overfit_not_on_held_out_noise_alone(seed):
+    rows = synthetic_run(seed, 130, lambda t: min(0.3 + 0.005 * t, 0.9), heldout=lambda t: 0.6)
+    assert first_step(rows, VERIFIER_OVERFIT) is None
 
 
 def test_truncation_blow_up_and_non_finite_values():
