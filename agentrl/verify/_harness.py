@@ -409,6 +409,7 @@ def _build_view(sysc, cfg):
     root = cfg["root"]
     sysc.mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing we mount reaches the host
     sysc.mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
+    covers = []
     for op in cfg["view"]:
         kind, path = op[0], op[1]
         at = root + path
@@ -425,8 +426,9 @@ def _build_view(sysc, cfg):
             os.close(os.open(at, os.O_WRONLY | os.O_CREAT, 0o644))
             sysc.mount(path, at, None, _MS_BIND)
             sysc.mount(None, at, None, _MS_REMOUNT | _MS_BIND | _MS_NOSUID | _MS_NOEXEC)
-        elif kind == "cover":  # an empty read-only directory over what the path held
-            sysc.mount("tmpfs", at, "tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "size=4k,mode=0755")
+        elif kind == "cover":  # an empty directory over what the path held (read-only once built)
+            sysc.mount("tmpfs", at, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "size=64k,mode=0755")
+            covers.append(at)
         elif kind == "link":  # ("link", path, target): the host's symlink, so that paths resolve the same
             os.makedirs(os.path.dirname(at), 0o755, exist_ok=True)
             os.symlink(op[2], at)
@@ -435,6 +437,8 @@ def _build_view(sysc, cfg):
     os.makedirs(root + "/tmp", 0o755, exist_ok=True)
     os.makedirs(root + "/proc", 0o555, exist_ok=True)
     sysc.mount("tmpfs", root + "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, cfg["tmp"])
+    for at in covers:
+        sysc.mount(None, at, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     sysc.mount(None, root, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
     # pivot_root(".", ".") stacks the old root under the new one; detaching it leaves no path back
     os.chdir(root)
@@ -541,14 +545,11 @@ def launch(cfg):
             os._exit(121)
     os.write(status, b"ok")
     os.close(status)
-    if role == "worker":
-        if cfg["root"]:
-            import site  # the normal start-up, now that every site-packages in view is empty
+    if role in ("worker", "judge"):
+        import site  # the normal start-up, deferred to now: in the view every site-packages is empty
 
-            site.main()
-        worker_main()
-    elif role == "judge":
-        judge_main()
+        site.main()
+        worker_main() if role == "worker" else judge_main()
     else:
         _report(2, f"unknown role {role!r}")
         os._exit(2)

@@ -406,25 +406,32 @@ def _file_view(python: str, expose: tuple[str, ...]) -> tuple[tuple[Any, ...], .
         binds[os.path.dirname(_resolve(lib, links))] = True
     if os.path.isfile("/etc/ld.so.cache"):
         binds[_resolve("/etc/ld.so.cache", links)] = False
+    exposed: dict[str, bool] = {}
     for p in expose:
         if not os.path.exists(p):
             raise SandboxError(f"expose: {p} does not exist")
         real = _resolve(p, links)
         if real == "/tmp" or real.startswith("/tmp/"):
             raise SandboxError(f"expose: {p} is under /tmp, which each run replaces with a private tmpfs")
-        binds[real] = os.path.isdir(real)
-    dirs = sorted(p for p, is_dir in binds.items() if is_dir)
+        exposed[real] = os.path.isdir(real)
 
     def inside(p: str, d: str) -> bool:
         return p == d or p.startswith(d.rstrip("/") + "/")
 
-    kept = [p for p in sorted(binds) if not any(inside(p, d) and p != d for d in dirs)]
+    def outermost(paths: dict[str, bool]) -> list[str]:
+        dirs = [d for d, is_dir in paths.items() if is_dir]
+        return [p for p in sorted(paths) if not any(inside(p, d) and p != d for d in dirs)]
+
+    kept = outermost(binds)
     steps: list[tuple[Any, ...]] = [("bind", p, binds[p]) for p in kept]
     sites = {os.path.realpath(s) for s in info["site"] if os.path.isdir(s)}
     steps += [("cover", s) for s in sorted(sites) if any(inside(s, d) for d in kept if binds[d])]
+    # after the covers, so that a package exposed from inside a site-packages shows through its cover
+    steps += [("bind", p, exposed[p]) for p in outermost(exposed) if p not in binds]
     steps += [("dev", d) for d in _DEVICES if os.path.exists(d)]
     # a host symlink on the way to something bound is recreated, unless a bound directory shows it already
-    steps += [("link", p, t) for p, t in sorted(links.items()) if not any(inside(p, d) for d in kept if binds[d])]
+    shown = [d for d in kept if binds[d]] + [d for d, is_dir in exposed.items() if is_dir]
+    steps += [("link", p, t) for p, t in sorted(links.items()) if not any(inside(p, d) for d in shown)]
     steps += [("link", p, t) for p, t in _DEV_LINKS]
     plan = tuple(steps)
     with _views_lock:
