@@ -30,6 +30,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from agentrl.health import ALARMS
+
 # (header, metric key, format); the first four and the last follow docs/algorithms.md's dashboard
 COLUMNS = [
     ("step", "step", "{:.0f}"),
@@ -60,7 +62,8 @@ def status_text(row: dict[str, Any]) -> Text:
 
 def scalars(row: dict[str, Any]) -> dict[str, float]:
     """The numeric metrics of a row (what TensorBoard and W&B get): strings and lists stay in the jsonl."""
-    return {k: float(v) for k, v in row.items() if k not in SKIP_SCALARS and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {k: float(v) for k, v in row.items() if k not in SKIP_SCALARS and isinstance(v, (int, float))
+            and not isinstance(v, bool)}
 
 
 class TensorBoardLogger:
@@ -107,7 +110,8 @@ class Monitor:
     """Writes metrics.jsonl, drives the console and feeds the optional loggers for one run."""
 
     def __init__(self, out: Path | str, total: int, console: Console | None = None, rows_shown: int = 12,
-                 tensorboard: bool = False, wandb: bool = False, wandb_project: str = "agentrl", config: dict[str, Any] | None = None):
+                 tensorboard: bool = False, wandb: bool = False, wandb_project: str = "agentrl",
+                 config: dict[str, Any] | None = None):
         self.out = Path(out)
         self.console = console or Console()
         self.total = total
@@ -116,7 +120,8 @@ class Monitor:
         self._file = open(self.out / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115 (kept open for the run)
         self._live: Live | None = None
         self._progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TimeRemainingColumn(),
             console=self.console,
         )
         self._task = None
@@ -146,7 +151,8 @@ class Monitor:
         if self._sft_task is None:
             self._progress.start()
             self._sft_task = self._progress.add_task("SFT warm start", total=m["sft/steps"])
-        self._progress.update(self._sft_task, completed=m["sft/step"], description=f"SFT warm start  loss {m['sft/loss']:.3f}")
+        self._progress.update(self._sft_task, completed=m["sft/step"], description="SFT warm start  loss "
+                              f"{m['sft/loss']:.3f}")
         if m["sft/step"] >= m["sft/steps"]:
             self._progress.stop()
             self._progress.remove_task(self._sft_task)
@@ -164,7 +170,8 @@ class Monitor:
     def _announce(self, record: dict[str, Any]) -> None:
         """A line when an alarm turns on or clears, and one per intervention: the table scrolls away, these stay."""
         step = record.get("step", 0)
-        on = {r.split(":", 1)[0]: r for r in record.get("health/reasons", []) if ":" in r}
+        # reasons read "NAME: why"; only registered alarm names count, so a notice with a colon is no alarm
+        on = {name: r for r in record.get("health/reasons", []) if (name := r.split(":", 1)[0]) in ALARMS}
         for name in sorted(set(on) - self._alarms_on):
             self._print(f"[bold red]ALARM[/bold red] step {step:.0f}  {on[name]}")
         for name in sorted(self._alarms_on - set(on)):
@@ -211,6 +218,7 @@ class Monitor:
         if summary:
             stopped = f"; stopped early: {summary['stopped']}" if summary.get("stopped") else ""
             self.console.print(
-                f"[bold]done[/bold]: held-out pass rate {summary['warm_start_pass_rate']:.3f} -> {summary['final_pass_rate']:.3f} "
-                f"in {summary['wall_s']:.0f}s; summary in {self.out / 'summary.json'}{stopped}"
+                f"[bold]done[/bold]: held-out pass rate {summary['warm_start_pass_rate']:.3f} -> "
+                f"{summary['final_pass_rate']:.3f} in {summary['wall_s']:.0f}s; summary in "
+                f"{self.out / 'summary.json'}{stopped}"
             )

@@ -9,15 +9,18 @@ import numpy as np
 import pytest
 
 from agentrl.health import (
+    ALARMS,
     ENTROPY_COLLAPSE,
     KL_DRIFT,
     NONFINITE,
     STALLED,
     TRUNCATION,
     VERIFIER_OVERFIT,
+    AlarmSpec,
     HealthConfig,
     alarm_spans,
     check,
+    register,
     replay,
     smooth,
 )
@@ -261,3 +264,39 @@ def test_the_console_dashboard_has_the_example_shape_and_colours_the_status(tmp_
     assert [c.style for c in cells] == ["green", "green", "yellow", "bold red", "bold red"]
     printed = console.file.getvalue()
     assert "ALARM step 2400  ENTROPY COLLAPSE: entropy 0.480" in printed and "cleared step 3200  ENTROPY COLLAPSE" in printed
+
+
+@pytest.fixture
+def few_turns_alarm():
+    """A toy alarm added the one way there is: a spec and its check, registered."""
+    spec = register(AlarmSpec("FEW TURNS", "few turns", "health/few_turns",
+                              lambda r: f"{pts[-1][1]:.1f} turns per episode" if (pts := r.raw("rollout/turns_mean")) and pts[-1][1] < 1.5 else None))
+    yield spec
+    del ALARMS[spec.name]
+
+
+def test_a_new_alarm_is_one_registry_entry_that_check_metrics_spans_console_and_report_read(few_turns_alarm, tmp_path):
+    import io
+    import json
+
+    from rich.console import Console
+
+    from agentrl.monitor import Monitor
+    from agentrl.report import write_report
+
+    rows = [{"step": t, "rollout/turns_mean": 3.0 if t < 3 else 1.0} for t in range(1, 6)]
+    h = check(rows)
+    assert h.names == {"FEW TURNS"} and h.status == "few turns" and h.alarms[0].reason == "1.0 turns per episode"
+    assert h.metrics()["health/few_turns"] == 1.0 and h.metrics()["health/stalled"] == 0.0
+    assert alarm_spans(rows) == {"FEW TURNS": [(3.0, 5.0)]}
+    logged = [{**r, **check(rows[: i + 1]).metrics()} for i, r in enumerate(rows)]
+    console = Console(file=io.StringIO(), width=160)
+    monitor = Monitor(tmp_path, total=5, console=console)
+    for r in logged:
+        monitor.log(r)
+    monitor.close()
+    assert "ALARM step 3  FEW TURNS: 1.0 turns per episode" in console.file.getvalue()
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in logged))
+    assert "| FEW TURNS | 3-5 | 1.0 turns per episode |" in write_report(tmp_path)["markdown"].read_text()
+    with pytest.raises(ValueError, match="registered already"):
+        register(few_turns_alarm)
