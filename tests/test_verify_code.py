@@ -9,7 +9,18 @@ from agentrl.verify.code import NULL_SOLUTIONS, split_check
 from agentrl.verify.sandbox import LocalSandbox, TestCase
 
 # tasks whose tests need the trusted prompt helpers (32 poly, 38/50 encoders), loops, floats, tuples
-SUBSET = ["HumanEval/0", "HumanEval/2", "HumanEval/10", "HumanEval/32", "HumanEval/38", "HumanEval/50", "HumanEval/53", "HumanEval/107", "HumanEval/151", "HumanEval/163"]
+SUBSET = [
+    "HumanEval/0",
+    "HumanEval/2",
+    "HumanEval/10",
+    "HumanEval/32",
+    "HumanEval/38",
+    "HumanEval/50",
+    "HumanEval/53",
+    "HumanEval/107",
+    "HumanEval/151",
+    "HumanEval/163",
+]
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +39,7 @@ def test_canonical_subset_scores_one_and_nulls_score_zero(tasks):
     answers = [t.solution for t in subset] + [body for _ in subset for body in NULL_SOLUTIONS.values()]
     jobs = subset + [t for t in subset for _ in NULL_SOLUTIONS]
     verdicts = v.verify_many(jobs, answers, workers=3)
-    good, null = verdicts[: len(subset)], verdicts[len(subset):]
+    good, null = verdicts[: len(subset)], verdicts[len(subset) :]
     assert [v.score for v in good] == [1.0] * len(subset), [v.reason for v in good]
     assert [v.score for v in null] == [0.0] * len(null)
 
@@ -40,13 +51,18 @@ def test_wrong_solution_fails_with_a_reason(tasks):
 
 
 def test_partial_credit_counts_tests():
-    task = CodeTask("t", "def f(x):\n    \"f\"\n", "f", (TestCase("a", "assert f(1) == 1"), TestCase("b", "assert f(2) == 4")))
+    task = CodeTask(
+        "t", 'def f(x):\n    "f"\n', "f", (TestCase("a", "assert f(1) == 1"), TestCase("b", "assert f(2) == 4"))
+    )
     assert CodeVerifier(partial_credit=True)(task, "    return x").score == 0.5
     assert CodeVerifier()(task, "    return x").score == 0.0
 
 
 def test_split_check_keeps_setup_and_drops_constant_asserts():
-    pre, cases = split_check("M = 1\ndef check(candidate):\n    import math\n    assert True\n    for i in range(3):\n        assert candidate(i) == i\n")
+    pre, cases = split_check(
+        "M = 1\ndef check(candidate):\n    import math\n    assert True\n    for i in range(3):\n "
+        "       assert candidate(i) == i\n"
+    )
     assert pre.strip() == "M = 1"
     assert [(c.setup, c.code.splitlines()[0]) for c in cases] == [(True, "import math"), (False, "for i in range(3):")]
 
@@ -75,10 +91,14 @@ def test_all_164_canonical_pass_and_nulls_fail(tasks, request):
 
 # the two forged messages; the reply pipe is not named in argv any more, so the first
 # writes to every descriptor it holds (a candidate can always find its own pipe)
-FORGED_5 = ("import os, struct\nfor fd in range(3, 64):\n    try:\n        os.write(fd, struct.pack('>I', 1) + b'5')\n"
-            "    except OSError:\n        pass\n")
-NESTED = ("import os, struct\nm = b'[' * 100_000\nfor fd in range(3, 64):\n    try:\n        os.write(fd, struct.pack('>I', len(m)) + m)\n"
-          "    except OSError:\n        pass\n")
+FORGED_5 = (
+    "import os, struct\nfor fd in range(3, 64):\n    try:\n        os.write(fd, struct.pack('>I', 1) + b'5')\n"
+    "    except OSError:\n        pass\n"
+)
+NESTED = (
+    "import os, struct\nm = b'[' * 100_000\nfor fd in range(3, 64):\n    try:\n        os.write(fd, "
+    "struct.pack('>I', len(m)) + m)\n    except OSError:\n        pass\n"
+)
 
 
 @pytest.mark.parametrize("attack", [FORGED_5, NESTED], ids=["forged frame", "100,000 nested ["])
@@ -100,7 +120,7 @@ def test_a_code_episode_goes_on_after_a_forged_message():
     env = agentrl.make("agentrl/Code-v0")
 
     def call(name, code):
-        return f'<tool_call>{json.dumps({"name": name, "arguments": {"code": code}})}</tool_call>'
+        return f"<tool_call>{json.dumps({'name': name, 'arguments': {'code': code}})}</tool_call>"
 
     for attack in (FORGED_5, NESTED):
         env.reset(seed=0)

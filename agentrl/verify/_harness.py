@@ -94,7 +94,11 @@ def encode(obj, depth=0):
     if isinstance(obj, set):
         return {"$s": [encode(x, depth + 1) for x in set.__iter__(obj)]}
     if isinstance(obj, dict):
-        return {"$d": [[encode(k, depth + 1), encode(dict.__getitem__(obj, k), depth + 1)] for k in list(dict.__iter__(obj))]}
+        return {
+            "$d": [
+                [encode(k, depth + 1), encode(dict.__getitem__(obj, k), depth + 1)] for k in list(dict.__iter__(obj))
+            ]
+        }
     # numpy scalars and the like: accept only through the number protocols of exact types
     for base, conv in ((int, "__index__"), (float, "__float__")):
         if hasattr(type(obj), conv) and type(obj).__module__ == "numpy":
@@ -339,7 +343,9 @@ def judge_main(fd_req=FD_REQUESTS, fd_rep=FD_REPLIES):
         ns["candidate"] = proxy
     for test in payload["tests"]:
         if load_error is not None:
-            results.append({"name": test["name"], "passed": False, "timed_out": False, "error": "not run: " + load_error})
+            results.append(
+                {"name": test["name"], "passed": False, "timed_out": False, "error": "not run: " + load_error}
+            )
             continue
         state["deadline"] = time.monotonic() + per_test
         try:

@@ -65,13 +65,20 @@ class CodeVerifier:
             return Verdict(0.0, f"the answer is a {type(answer).__name__}, not code")
         sandbox = self.sandbox or default_sandbox()
         try:
-            result = sandbox.run_tests(task.program(answer), task.tests, task.entry_point, preamble=task.preamble or task.prompt)
+            result = sandbox.run_tests(
+                task.program(answer), task.tests, task.entry_point, preamble=task.preamble or task.prompt
+            )
         except SandboxError as e:
             raise VerifierError(f"code verifier, task {task.task_id}: {e}") from e
         return self.verdict(task, result)
 
     def verdict(self, task: CodeTask, result: TestRunResult) -> Verdict:
-        details = {"tests": result.tests, "stdout": result.stdout, "stderr": result.stderr, "isolation": result.isolation}
+        details = {
+            "tests": result.tests,
+            "stdout": result.stdout,
+            "stderr": result.stderr,
+            "isolation": result.isolation,
+        }
         if result.protocol_violation:
             # it wrote something to the judge's pipe that is not a reply: no test result can be
             # trusted, and trying must never pay (nor stop the run: this is a score, not an error)
@@ -97,7 +104,9 @@ class CodeVerifier:
             reason += "; wall-clock limit reached"
         return Verdict(score, reason, details)
 
-    def verify_many(self, tasks: Sequence[CodeTask], answers: Sequence[str], workers: int | None = None) -> list[Verdict]:
+    def verify_many(
+        self, tasks: Sequence[CodeTask], answers: Sequence[str], workers: int | None = None
+    ) -> list[Verdict]:
         """Judge many answers at once through a `SandboxPool`."""
         with SandboxPool(self.sandbox or default_sandbox(), workers) as pool:
             return pool.map(lambda _sb, t, a: self(t, a), tasks, answers)
@@ -126,7 +135,8 @@ def split_check(test_src: str) -> tuple[str, list[TestCase]]:
     asserts is one test); the others (imports, fixtures) become setup cases, kept in order.
     Assertions of a constant (``assert True``) test nothing and are dropped.
 
-    >>> pre, cases = split_check("X = 1\\ndef check(candidate):\\n    import math\\n    assert candidate(1) == 2\\n    assert True\\n")
+    >>> src = "X = 1\\ndef check(candidate):\\n    import math\\n    assert candidate(1) == 2\\n    assert True\\n"
+    >>> pre, cases = split_check(src)
     >>> pre.strip(), [(c.code, c.setup) for c in cases]
     ('X = 1', [('import math', True), ('assert candidate(1) == 2', False)])
     """
@@ -163,7 +173,14 @@ def _humaneval_tasks() -> tuple[CodeTask, ...]:
     for tid, p in read_problems().items():
         test_preamble, cases = split_check(p["test"])
         tasks.append(
-            CodeTask(tid, p["prompt"], p["entry_point"], tuple(cases), preamble=p["prompt"] + "\n" + test_preamble, solution=p["canonical_solution"])
+            CodeTask(
+                tid,
+                p["prompt"],
+                p["entry_point"],
+                tuple(cases),
+                preamble=p["prompt"] + "\n" + test_preamble,
+                solution=p["canonical_solution"],
+            )
         )
     return tuple(tasks)
 
@@ -177,4 +194,3 @@ register_verifier("code", CodeVerifier)
 
 NULL_SOLUTIONS = {"pass": "    pass\n", "return None": "    return None\n", "empty body": ""}
 """Completions that must score 0 on every task (an empty body leaves only the docstring)."""
-

@@ -4,7 +4,8 @@
 >>> r = sb.run_program("print(6 * 7)")
 >>> r.stdout, r.exit_code, r.timed_out
 ('42\\n', 0, False)
->>> res = sb.run_tests("def add(a, b):\\n    return a + b\\n", [TestCase("t0", "assert add(2, 3) == 5")], entry_point="add")
+>>> res = sb.run_tests("def add(a, b):\\n    return a + b\\n", [TestCase("t0", "assert add(2, 3) == 5")],
+...                    entry_point="add")
 >>> res.passed, res.n_passed
 (True, 1)
 
@@ -87,8 +88,12 @@ _CLONE_NEWNET = 0x40000000
 _CLONE_NEWPID = 0x20000000
 _UID_LO, _UID_SPAN = 200_000, 1 << 20  # fresh uids are drawn from [200000, 200000 + 2**20)
 _DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
-_DEV_LINKS = (("/dev/fd", "/proc/self/fd"), ("/dev/stdin", "/proc/self/fd/0"), ("/dev/stdout", "/proc/self/fd/1"),
-              ("/dev/stderr", "/proc/self/fd/2"))
+_DEV_LINKS = (
+    ("/dev/fd", "/proc/self/fd"),
+    ("/dev/stdin", "/proc/self/fd/0"),
+    ("/dev/stdout", "/proc/self/fd/1"),
+    ("/dev/stderr", "/proc/self/fd/2"),
+)
 
 
 class SandboxError(RuntimeError):
@@ -202,7 +207,9 @@ class Sandbox(Protocol):
 
     def run_program(self, code: str) -> RunResult: ...
 
-    def run_tests(self, program: str, tests: Sequence[TestCase], entry_point: str, preamble: str = "") -> TestRunResult: ...
+    def run_tests(
+        self, program: str, tests: Sequence[TestCase], entry_point: str, preamble: str = ""
+    ) -> TestRunResult: ...
 
 
 # --------------------------------------------------------------------------------------------
@@ -242,8 +249,15 @@ def probe_capabilities(refresh: bool = False) -> _Caps:
             return _caps
         found: dict[str, str] = {}
         try:
-            out = subprocess.run(_harness_argv(os.path.realpath(sys.executable), "probe", str(_UID_LO)), env={}, cwd="/",
-                                 capture_output=True, text=True, timeout=30, check=False)
+            out = subprocess.run(
+                _harness_argv(os.path.realpath(sys.executable), "probe", str(_UID_LO)),
+                env={},
+                cwd="/",
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
             found = dict(line.split("\t", 1) for line in out.stdout.splitlines() if "\t" in line)
             failed = "" if found else f"the probe printed nothing (exit {out.returncode}): {out.stderr[-300:]}"
         except (OSError, subprocess.SubprocessError) as e:
@@ -253,15 +267,21 @@ def probe_capabilities(refresh: bool = False) -> _Caps:
         if not ok["netns"]:
             reasons.append(f"no network namespace (unshare(CLONE_NEWNET) failed: {found.get('netns', failed)})")
         if not ok["mountns"]:
-            reasons.append(f"no mount namespace (unshare(CLONE_NEWNS) failed: {found.get('mountns', failed)}): the run sees the "
-                           "host's file system")
+            reasons.append(
+                f"no mount namespace (unshare(CLONE_NEWNS) failed: {found.get('mountns', failed)}): the run sees the "
+                "host's file system"
+            )
         if not ok["pidns"]:
-            reasons.append(f"no PID namespace (unshare(CLONE_NEWPID) failed: {found.get('pidns', failed)}); orphans are killed "
-                           "by uid instead")
+            reasons.append(
+                f"no PID namespace (unshare(CLONE_NEWPID) failed: {found.get('pidns', failed)}); orphans are killed "
+                "by uid instead"
+            )
         setuid = root and ok["setuid"]
         if not root:
-            reasons.append("not running as root: the run shares this user's uid, so RLIMIT_NPROC counts all its processes, "
-                           "and it sees the host's file system")
+            reasons.append(
+                "not running as root: the run shares this user's uid, so RLIMIT_NPROC counts all its processes, "
+                "and it sees the host's file system"
+            )
         elif not setuid:
             reasons.append(f"cannot switch to an unprivileged uid ({found.get('setuid', failed)})")
         memcg, why = _MemoryCgroups.find()
@@ -297,7 +317,9 @@ class _MemoryCgroups:
                 fstype, super_opts = m[sep + 1], m[sep + 3].split(",") if len(m) > sep + 3 else []
                 if not (fstype == "cgroup2" if version == 2 else fstype == "cgroup" and "memory" in super_opts):
                     continue
-                paths = [p for h, ctl, p in mine if (h == "0" and ctl == "" if version == 2 else "memory" in ctl.split(","))]
+                paths = [
+                    p for h, ctl, p in mine if (h == "0" and ctl == "" if version == 2 else "memory" in ctl.split(","))
+                ]
                 root, mnt = m[3], m[4]
                 if not paths or not (paths[0] == root or paths[0].startswith(root.rstrip("/") + "/")):
                     whys.append(f"v{version}: this process's cgroup is outside the mount at {mnt}")
@@ -314,7 +336,9 @@ class _MemoryCgroups:
                     return mgr, ""
                 except (OSError, SandboxError) as e:
                     whys.append(f"v{version} at {base}: {e}")
-        return None, "; ".join(whys) or "no cgroup v2 with a memory controller and no cgroup v1 memory hierarchy is mounted"
+        return None, "; ".join(
+            whys
+        ) or "no cgroup v2 with a memory controller and no cgroup v1 memory hierarchy is mounted"
 
     def create(self, limit_bytes: int) -> str:
         """A fresh cgroup with this limit on resident memory (and swap: none beyond it); its path."""
@@ -387,8 +411,15 @@ def _file_view(python: str, expose: tuple[str, ...]) -> tuple[tuple[Any, ...], .
         if key in _views:
             return _views[key]
     try:
-        out = subprocess.run([python, "-S", "-s", "-P", "-c", _VIEW_PROBE], env={"PATH": "/usr/bin:/bin"}, cwd="/",
-                             capture_output=True, text=True, timeout=60, check=True)
+        out = subprocess.run(
+            [python, "-S", "-s", "-P", "-c", _VIEW_PROBE],
+            env={"PATH": "/usr/bin:/bin"},
+            cwd="/",
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
         info = json.loads(out.stdout)
     except (OSError, subprocess.SubprocessError, ValueError) as e:
         raise SandboxError(f"the sandbox could not start {python}: {type(e).__name__}: {e}") from e
@@ -460,8 +491,9 @@ def _shared_libraries(objects: list[str]) -> list[str]:
     """The shared libraries (and the dynamic loader) that these ELF files load, from ``ldd``;
     without ldd, the usual library directories."""
     try:
-        out = subprocess.run(["ldd", *objects], env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=60,
-                             check=False).stdout
+        out = subprocess.run(
+            ["ldd", *objects], env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=60, check=False
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return [d + "/." for d in ("/lib", "/lib64", "/usr/lib", "/usr/lib64") if os.path.isdir(d)]
     libs = set()
@@ -557,8 +589,13 @@ class LocalSandbox:
     interpreter and its standard library: a task's data, a package its tests import.
     """
 
-    def __init__(self, limits: Limits | None = None, python: str | None = None, require_isolation: bool = False,
-                 expose: Sequence[str] = ()):
+    def __init__(
+        self,
+        limits: Limits | None = None,
+        python: str | None = None,
+        require_isolation: bool = False,
+        expose: Sequence[str] = (),
+    ):
         self.limits = limits or Limits()
         # the real interpreter, not a virtualenv's link to it: the run sees neither the venv nor
         # its site-packages (and a venv under /tmp would be hidden by the run's private /tmp)
@@ -567,8 +604,10 @@ class LocalSandbox:
         self.caps = probe_capabilities()
         self._view = self.caps.mountns and self.caps.setuid  # the view needs root, and a uid to drop to
         if self._view and Path(self.python).is_relative_to("/tmp"):
-            raise SandboxError(f"the sandbox's interpreter {self.python} lives under /tmp, which each run replaces with a private "
-                               "tmpfs; pass python= an interpreter outside /tmp")
+            raise SandboxError(
+                f"the sandbox's interpreter {self.python} lives under /tmp, which each run replaces with a private "
+                "tmpfs; pass python= an interpreter outside /tmp"
+            )
         self.isolation = Isolation(
             network_isolated=self.caps.netns,
             filesystem_isolated=self._view,
@@ -596,8 +635,13 @@ class LocalSandbox:
         try:
             self._feed(proc, code)
             self._await_started([proc], t0 + lim.wall_seconds)
-            timed_out, limited = self._pump([proc], stop=lambda: proc.popen.poll() is not None, deadline=t0 + lim.wall_seconds,
-                                            cap=lim.max_output_bytes, capped=[proc])
+            timed_out, limited = self._pump(
+                [proc],
+                stop=lambda: proc.popen.poll() is not None,
+                deadline=t0 + lim.wall_seconds,
+                cap=lim.max_output_bytes,
+                capped=[proc],
+            )
         finally:
             self._reap([proc])
         return RunResult(
@@ -647,7 +691,11 @@ class LocalSandbox:
             self._feed(judge, json.dumps(payload))
             self._await_started(procs, t0 + lim.wall_seconds)
             timed_out, limited = self._pump(
-                procs, stop=lambda: judge.popen.poll() is not None, deadline=t0 + lim.wall_seconds, cap=lim.max_output_bytes, capped=[worker]
+                procs,
+                stop=lambda: judge.popen.poll() is not None,
+                deadline=t0 + lim.wall_seconds,
+                cap=lim.max_output_bytes,
+                capped=[worker],
             )
         finally:
             self._reap(procs)
@@ -655,7 +703,9 @@ class LocalSandbox:
         violation = None
         try:
             report = json.loads(bytes(judge.out).decode())
-            outcomes = tuple(TestOutcome(r["name"], bool(r["passed"]), bool(r["timed_out"]), r["error"]) for r in report["tests"])
+            outcomes = tuple(
+                TestOutcome(r["name"], bool(r["passed"]), bool(r["timed_out"]), r["error"]) for r in report["tests"]
+            )
             load_error = report["load_error"]
             violation = report.get("protocol_violation")
         except (ValueError, KeyError, TypeError):
@@ -701,8 +751,15 @@ class LocalSandbox:
                 if uid is not None:
                     os.chown(workdir, uid, uid)
             home = "/tmp" if view is not None else workdir
-            env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
-                   "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
+            env = {
+                "PATH": "/usr/local/bin:/usr/bin:/bin",
+                "HOME": home,
+                "TMPDIR": home,
+                "LANG": "C.UTF-8",
+                "PYTHONHASHSEED": "0",
+                "PYTHONDONTWRITEBYTECODE": "1",
+                "PYTHONIOENCODING": "utf-8",
+            }
             nproc = lim.max_processes
             if uid is None:
                 # sharing our uid: NPROC counts all our processes, so allow that many more
@@ -719,21 +776,38 @@ class LocalSandbox:
                 (resource.RLIMIT_CORE, 0, 0),
             ]
             pid_ns = untrusted and view is not None and caps.pidns
-            flags = (_CLONE_NEWNET if (untrusted and caps.netns) else 0) | (_CLONE_NEWNS if view is not None else 0) | (
-                _CLONE_NEWPID if pid_ns else 0)
+            flags = (
+                (_CLONE_NEWNET if (untrusted and caps.netns) else 0)
+                | (_CLONE_NEWNS if view is not None else 0)
+                | (_CLONE_NEWPID if pid_ns else 0)
+            )
             if untrusted and caps.memcg is not None:
                 cgroup = caps.memcg.create(lim.run_memory_mb << 20)
             status_r, status_w = os.pipe()
             cfg = {
-                "role": role, "python": self.python, "status_fd": status_w, "fds": list(pipes),
-                "cgroup": os.path.join(cgroup, "cgroup.procs") if cgroup else "", "unshare": flags,
-                "root": _staging_root() if view is not None else "", "view": list(view or ()),
-                "tmp": f"size={lim.disk_mb}m,mode=0700,uid={uid},gid={uid}", "rlimits": rlimits,
-                "uid": -1 if uid is None else uid, "home": home,
+                "role": role,
+                "python": self.python,
+                "status_fd": status_w,
+                "fds": list(pipes),
+                "cgroup": os.path.join(cgroup, "cgroup.procs") if cgroup else "",
+                "unshare": flags,
+                "root": _staging_root() if view is not None else "",
+                "view": list(view or ()),
+                "tmp": f"size={lim.disk_mb}m,mode=0700,uid={uid},gid={uid}",
+                "rlimits": rlimits,
+                "uid": -1 if uid is None else uid,
+                "home": home,
             }
             popen = subprocess.Popen(
-                _harness_argv(self.python, "launch", marshal.dumps(cfg).hex()), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, env=env, cwd="/", pass_fds=(*pipes, status_w), close_fds=True, start_new_session=True,
+                _harness_argv(self.python, "launch", marshal.dumps(cfg).hex()),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                cwd="/",
+                pass_fds=(*pipes, status_w),
+                close_fds=True,
+                start_new_session=True,
             )
         except BaseException as e:
             for fd in (status_r, status_w):
@@ -746,7 +820,9 @@ class LocalSandbox:
             if cgroup and caps.memcg is not None:
                 caps.memcg.remove(cgroup)
             if isinstance(e, (OSError, subprocess.SubprocessError)):
-                raise SandboxError(f"the sandbox could not start {self.python} (uid {uid}): {type(e).__name__}: {e}") from e
+                raise SandboxError(
+                    f"the sandbox could not start {self.python} (uid {uid}): {type(e).__name__}: {e}"
+                ) from e
             raise
         os.close(status_w)
         return _Proc(popen, role, uid, workdir, status_r, cgroup, monitored=pid_ns)
@@ -769,8 +845,10 @@ class LocalSandbox:
                     break
                 data += chunk
             if data != (b"" if p.role == "program" else b"ok"):
-                raise SandboxError(f"the sandbox could not set up the {p.role} ({self.python}, uid {p.uid}): "
-                                   f"{data.decode(errors='replace') or 'the launcher exited without a word'}")
+                raise SandboxError(
+                    f"the sandbox could not set up the {p.role} ({self.python}, uid {p.uid}): "
+                    f"{data.decode(errors='replace') or 'the launcher exited without a word'}"
+                )
 
     @staticmethod
     def _feed(proc: _Proc, text: str) -> None:
@@ -796,7 +874,9 @@ class LocalSandbox:
             threading.Thread(target=write, daemon=True).start()
 
     @staticmethod
-    def _pump(procs: list[_Proc], stop: Callable[[], bool], deadline: float, cap: int, capped: list[_Proc]) -> tuple[bool, bool]:
+    def _pump(
+        procs: list[_Proc], stop: Callable[[], bool], deadline: float, cap: int, capped: list[_Proc]
+    ) -> tuple[bool, bool]:
         """Read every stdout/stderr until `stop()` and the streams are done, or the deadline.
         Returns (timed_out, output_limited). The cap applies while reading: the process that
         passes it is killed at once."""
@@ -924,8 +1004,15 @@ def _kill_uid(uid: int, python: str, settle: float = 3.0) -> None:
     # while: kill again and wait, for up to `settle` seconds
     deadline = time.monotonic() + settle
     while True:
-        subprocess.run(_harness_argv(python, "kill", str(uid)), env={}, cwd="/", stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, timeout=10, check=False)
+        subprocess.run(
+            _harness_argv(python, "kill", str(uid)),
+            env={},
+            cwd="/",
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=10,
+            check=False,
+        )
         for _ in range(10):
             time.sleep(0.02)
             if _count_processes(uid) == 0:
