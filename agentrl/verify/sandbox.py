@@ -167,6 +167,7 @@ class TestOutcome:
     passed: bool
     timed_out: bool = False
     error: str | None = None
+    __test__: ClassVar[bool] = False  # not a pytest class
 
 
 @dataclass(frozen=True)
@@ -186,6 +187,7 @@ class TestRunResult:
     wall_seconds: float
     isolation: Isolation
     protocol_violation: str | None = None
+    __test__: ClassVar[bool] = False  # not a pytest class
 
     @property
     def n_passed(self) -> int:
