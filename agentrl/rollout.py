@@ -95,6 +95,7 @@ class _Driver:
         self.ready: list[int] = []  # rows whose observation is in the cache, waiting to generate
         self.ready_since = 0.0  # when the oldest ready row became ready
         self.live = 0  # rows in the session (ready, generating, or waiting on their env)
+        self.admitted = 0  # episodes that have entered the session
         self.left = n  # episodes not yet ended
         self.stats = RolloutStats()
 
@@ -113,6 +114,7 @@ class _Driver:
                 row = queue.popleft()
                 self.session.add([row], [prompts.pop(row)])
                 self.live += 1
+                self.admitted += 1
                 self._make_ready(row)
             if self.ready and self._should_generate(last_generate):
                 started = time.perf_counter()
@@ -169,6 +171,11 @@ class _Driver:
         self.session.drop([row])
         self.live -= 1
         self.left -= 1
+        # with nobody left to admit, freed rows only cost compute (a forward runs every slot):
+        # shrink the batch once half of it is free
+        slots = len(getattr(self.session, "slot_rows", ()))
+        if self.admitted == len(self.envs) and self.live and 2 * self.live <= slots:
+            self.session.keep(range(self.live))
 
     def _answer(self, future: cf.Future) -> None:
         kind, row = self.in_flight.pop(future)

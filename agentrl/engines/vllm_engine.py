@@ -120,7 +120,8 @@ def plain_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     for name, t in model.state_dict().items():
         if "lora_" in name or ".original_module." in name:
             continue
-        name = re.sub(r"\.modules_to_save\.[^.]+\.", ".", name.removeprefix("base_model.model.").replace(".base_layer.", "."))
+        name = re.sub(r"\.modules_to_save\.[^.]+\.", ".",
+                      name.removeprefix("base_model.model.").replace(".base_layer.", "."))
         out.append((name, t.detach()))
     return out
 
@@ -217,7 +218,8 @@ class VLLMEngine:
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Load the learner's current weights into vLLM's copy; call after every optimizer update."""
         if self.enable_lora:
-            raise ValueError("this engine serves LoRA adapters on fixed base weights; push the adapter with sync_lora(adapter_dir)")
+            raise ValueError("this engine serves LoRA adapters on fixed base weights; push the adapter with "
+                             "sync_lora(adapter_dir)")
         peft = hasattr(model, "peft_config")
         if peft:
             model.merge_adapter()  # base weights += the adapters' product, until unmerge_adapter()
@@ -227,14 +229,16 @@ class VLLMEngine:
             if peft:
                 model.unmerge_adapter()
         if self.llm.reset_prefix_cache() is False:  # vLLM refuses while requests run
-            raise RuntimeError("vLLM did not reset its prefix cache; its blocks hold keys and values of the old weights")
+            raise RuntimeError("vLLM did not reset its prefix cache; its blocks hold keys and values of the old "
+                               "weights")
 
     def sync_lora(self, adapter_dir: str | Path) -> None:
         """Generate with the PEFT adapter saved in `adapter_dir` from now on (a new id, so vLLM loads it)."""
         if not self.enable_lora:
             raise ValueError("sync_lora needs an engine built with enable_lora=True")
         self.lora_version += 1
-        self.lora_request = self.vllm.LoRARequest(f"agentrl-policy-{self.lora_version}", self.lora_version, str(adapter_dir))
+        self.lora_request = self.vllm.LoRARequest(f"agentrl-policy-{self.lora_version}", self.lora_version,
+                                                  str(adapter_dir))
 
 
 class _Histories:
@@ -250,15 +254,36 @@ class _Histories:
         self.rows = list(range(len(prompts)))  # the caller's index of every row still in the batch
         self.tokens = [list(p) for p in prompts]  # (B, *) prompt, actions and observations so far
 
-    def record(self, actions: Sequence[Sequence[int]]) -> None:
-        for history, ids in zip(self.tokens, actions, strict=True):
-            history.extend(ids)
+    def record(self, actions: Sequence[Sequence[int]], rows: Sequence[int] | None = None) -> None:
+        for p, ids in zip(self._positions(rows), actions, strict=True):
+            self.tokens[p].extend(ids)
 
-    def extend(self, chunks: Sequence[Sequence[int]]) -> None:
-        if len(chunks) != len(self.rows):
-            raise ValueError(f"extend() got {len(chunks)} chunks for {len(self.rows)} rows")
-        for history, chunk in zip(self.tokens, chunks):
-            history.extend(chunk)
+    def _positions(self, rows: Sequence[int] | None) -> list[int]:
+        if rows is None:
+            return list(range(len(self.rows)))
+        where = {r: p for p, r in enumerate(self.rows)}
+        missing = [r for r in rows if r not in where]
+        if missing:
+            raise KeyError(f"rows {missing} are not in this session")
+        return [where[r] for r in rows]
+
+    def extend(self, chunks: Sequence[Sequence[int]], rows: Sequence[int] | None = None) -> None:
+        positions = self._positions(rows)
+        if len(chunks) != len(positions):
+            raise ValueError(f"extend() got {len(chunks)} chunks for {len(positions)} rows")
+        for p, chunk in zip(positions, chunks):
+            self.tokens[p].extend(chunk)
+
+    def add(self, rows: Sequence[int], prompts: Sequence[Sequence[int]]) -> None:
+        """New rows join; vLLM's prefix cache and scheduler need nothing more."""
+        if len(rows) != len(prompts):
+            raise ValueError(f"add() got {len(prompts)} prompts for {len(rows)} rows")
+        self.rows += list(rows)
+        self.tokens += [list(p) for p in prompts]
+
+    def drop(self, rows: Sequence[int]) -> None:
+        gone = set(self._positions(rows))
+        self.keep([p for p in range(len(self.rows)) if p not in gone])
 
     def keep(self, positions: Sequence[int]) -> None:
         """Keep only these batch positions (drop finished episodes)."""
@@ -267,21 +292,37 @@ class _Histories:
 
 
 class VLLMSession(_Histories):
+    """Rows whose observation has arrived are submitted together; vLLM's scheduler batches them
+    continuously inside the call (a row that stops early frees its place for the others), and a
+    row that becomes ready while a call runs goes into the next call."""
+
+    turn_level = True
+
     def __init__(self, engine: VLLMEngine, prompts: Sequence[Sequence[int]]):
         super().__init__(prompts)
         self.engine = engine
+        self.started: list[int] = []
 
-    def generate(self) -> list[Generation]:
-        """One action per live row: every row's whole history goes to vLLM, whose prefix cache holds
-        what it has seen before."""
+    def generate(self, rows: Sequence[int] | None = None) -> list[Generation]:
+        """One action for each of `rows` (default: every row): each one's whole history goes to
+        vLLM, whose prefix cache holds what it has seen before."""
         eng = self.engine
-        if not self.rows:
+        positions = self._positions(rows)
+        if not positions:
             return []
-        prompts = [eng.vllm.TokensPrompt(prompt_token_ids=list(h)) for h in self.tokens]
-        outputs = eng.llm.generate(prompts, eng.request_params(len(prompts)), use_tqdm=False, lora_request=eng.lora_request)
+        prompts = [eng.vllm.TokensPrompt(prompt_token_ids=list(self.tokens[p])) for p in positions]
+        outputs = eng.llm.generate(prompts, eng.request_params(len(prompts)), use_tqdm=False,
+                                   lora_request=eng.lora_request)
         gens = [to_generation(o.outputs[0], eng.stop_ids, eng.eos_id) for o in outputs]
-        self.record([g.ids for g in gens])
+        self.record([g.ids for g in gens], [self.rows[p] for p in positions])
         return gens
+
+    def start(self, rows: Sequence[int]) -> None:
+        self.started += list(rows)
+
+    def collect(self) -> list[tuple[int, Generation]]:
+        rows, self.started = self.started, []
+        return list(zip(rows, self.generate(rows)))
 
 
 _LLMS: dict[str, Any] = {}  # one vllm.LLM per model source in this process: evaluations share the training one
@@ -298,4 +339,5 @@ def for_policy(policy: Any, sampling: SamplingConfig, seed: int, capture_hidden:
                                         capture_hidden=capture_hidden)
         _LLMS[source] = engine.llm
         return engine
-    return VLLMEngine(_LLMS[source], sampling, chat.stop_ids, chat.eos_id, chat.pad_id, seed=seed, capture_hidden=capture_hidden)
+    return VLLMEngine(_LLMS[source], sampling, chat.stop_ids, chat.eos_id, chat.pad_id, seed=seed,
+                      capture_hidden=capture_hidden)
