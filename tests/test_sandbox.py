@@ -340,7 +340,7 @@ JSON_VALUES = st.recursive(
 )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(JSON_VALUES)
 def test_any_json_reply_is_a_value_or_a_violation(msg):
     """The judge's view of one frame: a decoded value, the candidate's exception, or a
