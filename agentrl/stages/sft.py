@@ -194,11 +194,13 @@ def _sha(obj: Any) -> str:
 
 
 def expert_fingerprint(env: AgentEnv, noise: float) -> str | None:
-    """A hash of the expert's episodes (observations, actions, rewards) on a few fixed seeds, noise-free
-    and at `noise`: it changes when the demonstrations would, and not when, say, a helper function is
-    added to the env's module. None if two plays of the same seeds differ (the expert draws from
-    something other than `self.np_random`), since such a fingerprint would rebuild on every run."""
-    plays = [[play_expert(env, seed, n) for seed in FINGERPRINT_SEEDS for n in (0.0, noise)] for _ in range(2)]
+    """A hash of the expert's episodes (observations, actions, rewards) on a few fixed seeds, noise-free,
+    at `noise` and at noise 1 (every decision a slip, so a change to the slips shows even where a few
+    seeds at `noise` happen not to slip): it changes when the demonstrations would, and not when, say,
+    a helper function is added to the env's module. None if two plays of the same seeds differ (the
+    expert draws from something other than `self.np_random`): such a fingerprint would rebuild on
+    every run."""
+    plays = [[play_expert(env, seed, n) for seed in FINGERPRINT_SEEDS for n in (0.0, noise, 1.0)] for _ in range(2)]
     return _sha(plays[0]) if plays[0] == plays[1] else None
 
 
