@@ -38,7 +38,8 @@ class FakeLoRA:
         self.name, self.int_id, self.path = name, int_id, path
 
 
-FAKE_VLLM = SimpleNamespace(SamplingParams=FakeParams, TokensPrompt=dict, LoRARequest=FakeLoRA, LLM=None, version="0.11.0")
+FAKE_VLLM = SimpleNamespace(SamplingParams=FakeParams, TokensPrompt=dict, LoRARequest=FakeLoRA, LLM=None,
+                            version="0.11.0")
 
 
 def completion(ids, finish, logprobs=None, stop_reason=None):
@@ -57,7 +58,8 @@ class FakeLLM:
         self.calls = []
 
     def generate(self, prompts, sampling_params, *, use_tqdm=True, lora_request=None):
-        self.calls.append(SimpleNamespace(prompts=[list(p["prompt_token_ids"]) for p in prompts], params=sampling_params,
+        self.calls.append(SimpleNamespace(prompts=[list(p["prompt_token_ids"]) for p in prompts],
+                                          params=sampling_params,
                                           lora=lora_request))
         outputs = []
         for i, (prompt, params) in enumerate(zip(prompts, sampling_params, strict=True)):
@@ -66,7 +68,8 @@ class FakeLLM:
             end = next((k + 1 for k, t in enumerate(ids) if t in stops), len(ids))
             ids = ids[:end]
             finish = "stop" if ids[-1] in stops else "length"
-            outputs.append(SimpleNamespace(outputs=[completion(ids, finish, stop_reason=ids[-1] if finish == "stop" else None)]))
+            stop_reason = ids[-1] if finish == "stop" else None
+            outputs.append(SimpleNamespace(outputs=[completion(ids, finish, stop_reason=stop_reason)]))
         return outputs
 
 
@@ -124,7 +127,8 @@ def test_completion_that_lost_its_stop_token_or_logprobs_is_an_error():
     with pytest.raises(RuntimeError, match="do not end with a stop token"):
         to_generation(completion([5, 6], "stop", stop_reason=STOP), [STOP, EOS], EOS)
     with pytest.raises(RuntimeError, match="no log-probs"):
-        to_generation(SimpleNamespace(token_ids=[5], logprobs=None, finish_reason="length", stop_reason=None), [STOP], EOS)
+        to_generation(SimpleNamespace(token_ids=[5], logprobs=None, finish_reason="length", stop_reason=None), [STOP],
+                      EOS)
 
 
 def test_sampling_params_follow_the_config_and_seeds_are_per_request(fake_vllm):
@@ -166,11 +170,12 @@ def test_vault_rollout_through_a_scripted_llm_keeps_the_transcript(fake_vllm, va
     sessions, sent = [], {row: [] for row in range(3)}
 
     def expert(position, history):
-        row = sessions[-1].rows[position]
+        row = sessions[-1].submitted[position]  # the rollout sends the rows that are ready, not every row
         sent[row].append(list(history))
         return chat.action_ids(envs[row].expert_action())
 
-    engine = VLLMEngine(FakeLLM(expert), SamplingConfig(max_new_tokens=48), chat.stop_ids, chat.eos_id, chat.pad_id, seed=0)
+    engine = VLLMEngine(FakeLLM(expert), SamplingConfig(max_new_tokens=48), chat.stop_ids, chat.eos_id, chat.pad_id,
+                        seed=0)
     opened = engine.open
     engine.open = lambda prompts: sessions.append(opened(prompts)) or sessions[-1]
     episodes, stats = rollout(envs, [0, 1, 2], engine, chat)
@@ -186,12 +191,14 @@ def test_vault_rollout_through_a_scripted_llm_keeps_the_transcript(fake_vllm, va
 
 def test_from_policy_builds_the_llm_it_needs(monkeypatch):
     made = {}
-    monkeypatch.setattr(ve, "_import_vllm", lambda: SimpleNamespace(**{**vars(FAKE_VLLM), "LLM": lambda **kw: made.update(kw) or "llm"}))
+    monkeypatch.setattr(ve, "_import_vllm",
+                        lambda: SimpleNamespace(**{**vars(FAKE_VLLM), "LLM": lambda **kw: made.update(kw) or "llm"}))
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING")
     eng = VLLMEngine.from_policy("/models/tiny", SamplingConfig(), [STOP], EOS, 0, seed=7, max_model_len=512)
     assert eng.llm == "llm" and made == {
-        "model": "/models/tiny", "enable_prefix_caching": True, "logprobs_mode": "processed_logprobs", "gpu_memory_utilization": 0.3,
+        "model": "/models/tiny", "enable_prefix_caching": True, "logprobs_mode": "processed_logprobs",
+        "gpu_memory_utilization": 0.3,
         "enable_lora": False, "max_lora_rank": 16, "dtype": "bfloat16", "seed": 7, "max_model_len": 512,
     }
     assert ve.os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # in-process: weights pass by reference
@@ -222,7 +229,8 @@ def test_sync_weights_loads_the_state_dict_then_drops_the_prefix_cache(fake_vllm
     # an older in-process engine without collective_rpc: reached through its attributes
     old_inner = FakeInner()
     runner = SimpleNamespace(model=old_inner)
-    old = SimpleNamespace(llm_engine=SimpleNamespace(model_executor=SimpleNamespace(driver_worker=SimpleNamespace(model_runner=runner))),
+    old_worker = SimpleNamespace(model_runner=runner)
+    old = SimpleNamespace(llm_engine=SimpleNamespace(model_executor=SimpleNamespace(driver_worker=old_worker)),
                           reset_prefix_cache=lambda: events.append("reset"))
     engine_on(old).sync_weights(learner)
     assert set(old_inner.loaded[0]) == {"weight", "bias"} and events[-1] == "reset"
@@ -230,7 +238,8 @@ def test_sync_weights_loads_the_state_dict_then_drops_the_prefix_cache(fake_vllm
     with pytest.raises(RuntimeError, match="neither LLM.collective_rpc nor"):
         engine_on(SimpleNamespace(reset_prefix_cache=lambda: None)).sync_weights(learner)
     with pytest.raises(RuntimeError, match="did not reset its prefix cache"):
-        engine_on(SimpleNamespace(collective_rpc=llm.collective_rpc, reset_prefix_cache=lambda: False)).sync_weights(learner)
+        engine_on(SimpleNamespace(collective_rpc=llm.collective_rpc,
+                                  reset_prefix_cache=lambda: False)).sync_weights(learner)
 
 
 def test_sync_weights_sends_a_peft_learner_merged_under_plain_names(fake_vllm):
@@ -256,7 +265,8 @@ def test_sync_weights_sends_a_peft_learner_merged_under_plain_names(fake_vllm):
     assert set(loaded) == plain_names
     for name in plain_names:
         torch.testing.assert_close(loaded[name], merged[name])
-    assert not torch.equal(merged["model.layers.0.self_attn.q_proj.weight"], base.model.layers[0].self_attn.q_proj.base_layer.weight)
+    assert not torch.equal(merged["model.layers.0.self_attn.q_proj.weight"],
+                           base.model.layers[0].self_attn.q_proj.base_layer.weight)
     for name, t in learner.state_dict().items():  # the learner is unmerged again
         torch.testing.assert_close(t, unmerged[name])
 
@@ -279,10 +289,12 @@ def test_lora_adapters_get_a_new_id_each_sync(fake_vllm):
 # -- on a GPU with vLLM ----------------------------------------------------------------------------
 
 GPU_REASON = "vLLM needs a CUDA GPU and the [vllm] extra; this machine has neither"
-needs_gpu = pytest.mark.skipif(importlib.util.find_spec("vllm") is None or not torch.cuda.is_available(), reason=GPU_REASON)
+needs_gpu = pytest.mark.skipif(importlib.util.find_spec("vllm") is None or not torch.cuda.is_available(),
+                               reason=GPU_REASON)
 
 # head size 32: FlashAttention takes it in every vLLM release (older ones only 32, 64, 96, ...; the micro model has 8)
-GPU_TINY = TinyModelConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+GPU_TINY = TinyModelConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                           num_key_value_heads=1,
                            max_position_embeddings=512, vocab_size=400)
 TEMPERATURE = 0.7  # not 1, so that a log-prob taken before temperature would show
 
@@ -290,10 +302,12 @@ TEMPERATURE = 0.7  # not 1, so that a log-prob taken before temperature would sh
 @pytest.fixture(scope="module")
 def gpu_engine(tmp_path_factory):
     folder = tmp_path_factory.mktemp("vllm_policy")
-    build_tiny_policy(expert_texts(make("agentrl/Vault-v0", locks=1, slack=0), range(60), noise=0.3), folder, GPU_TINY, seed=0)
+    build_tiny_policy(expert_texts(make("agentrl/Vault-v0", locks=1, slack=0), range(60), noise=0.3), folder, GPU_TINY,
+                      seed=0)
     policy = Policy.load(folder, device="cuda")
     chat = policy.chat
-    engine = VLLMEngine.from_policy(folder, SamplingConfig(temperature=TEMPERATURE, max_new_tokens=16), chat.stop_ids, chat.eos_id,
+    engine = VLLMEngine.from_policy(folder, SamplingConfig(temperature=TEMPERATURE, max_new_tokens=16), chat.stop_ids,
+                                    chat.eos_id,
                                     chat.pad_id, seed=0, gpu_memory_utilization=0.2, enforce_eager=True)
     return policy, engine
 
@@ -324,7 +338,8 @@ def test_vllm_rollout_logprobs_match_a_full_torch_forward(gpu_engine):
 def test_sync_weights_changes_what_vllm_generates(gpu_engine):
     policy, engine = gpu_engine
     chat = policy.chat
-    greedy = VLLMEngine(engine.llm, SamplingConfig(temperature=0.0, max_new_tokens=8), chat.stop_ids, chat.eos_id, chat.pad_id)
+    greedy = VLLMEngine(engine.llm, SamplingConfig(temperature=0.0, max_new_tokens=8), chat.stop_ids, chat.eos_id,
+                        chat.pad_id)
     env = make("agentrl/Vault-v0", locks=1, slack=0)
     prompts = [chat.prompt_ids(env.reset(seed=s)[0], env.tool_schemas(), env.system_prompt) for s in range(4)]
     before = greedy.open(prompts).generate()

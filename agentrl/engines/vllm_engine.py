@@ -302,6 +302,7 @@ class VLLMSession(_Histories):
         super().__init__(prompts)
         self.engine = engine
         self.started: list[int] = []
+        self.submitted: list[int] = []
 
     def generate(self, rows: Sequence[int] | None = None) -> list[Generation]:
         """One action for each of `rows` (default: every row): each one's whole history goes to
@@ -310,11 +311,12 @@ class VLLMSession(_Histories):
         positions = self._positions(rows)
         if not positions:
             return []
+        self.submitted = [self.rows[p] for p in positions]  # the caller's rows, in the order sent
         prompts = [eng.vllm.TokensPrompt(prompt_token_ids=list(self.tokens[p])) for p in positions]
         outputs = eng.llm.generate(prompts, eng.request_params(len(prompts)), use_tqdm=False,
                                    lora_request=eng.lora_request)
         gens = [to_generation(o.outputs[0], eng.stop_ids, eng.eos_id) for o in outputs]
-        self.record([g.ids for g in gens], [self.rows[p] for p in positions])
+        self.record([g.ids for g in gens], self.submitted)
         return gens
 
     def start(self, rows: Sequence[int]) -> None:
