@@ -294,6 +294,8 @@ def print_result(result: ProbeResult) -> None:
         table.add_row(name, should, f"{n_acc}/{len(rows)}", verdict)
     console = Console()
     console.print(table)
+    if result.tools_called:
+        console.print(f"tools called (each searched for the answer): {', '.join(sorted(result.tools_called))}")
     for leak in result.leaks:
         console.print(f"[bold red]LEAK (training bug):[/] {leak}")
     console.print("[green]nothing wrongly accepted[/]" if result.ok else f"[bold red]{len(result.wrongly_accepted)} wrongly accepted, {len(result.leaks)} leaks[/]")
