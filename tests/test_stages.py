@@ -135,4 +135,63 @@ def test_pipeline_runs_every_stage(tmp_path):
     assert names == ["sft", "dpo (skipped: no pairs)", "rl (grpo)"]
     for name in ("sft", "rl/checkpoint"):
         assert (tmp_path / "p" / name / "config.json").is_file()
-    assert json.loads((tmp_path / "p" / "pipeline.json").read_text())["stages"][2]["held_out_pass_rate"] >= 0
+    assert not (tmp_path / "p" / "dpo").exists()
+    table = json.loads((tmp_path / "p" / "pipeline.json").read_text())["stages"]
+    rl_summary = json.loads((tmp_path / "p" / "rl" / "summary.json").read_text())
+    assert table[2]["held_out_pass_rate"] == rl_summary["final_pass_rate"] and rl_summary["updates_done"] == 1
+    assert rl_summary["warm_start_pass_rate"] == table[1]["held_out_pass_rate"] == table[0]["held_out_pass_rate"]
+
+
+def test_pipeline_dpo_stage_trains_on_pairs_and_rl_starts_from_it(tmp_path, monkeypatch):
+    """The DPO stage for real: pairs from the policy's groups (here scripted, since a micro model
+    passes nothing: in each group of 4, two expert episodes pass and two that write "hello" fail, so
+    2 x 2 = 4 pairs a group, 16 in all), DPO on them, its checkpoint, and RL started from it."""
+    from agentrl.config import TrainConfig
+    from agentrl.core import make
+    from agentrl.engines import ScriptedEngine
+    from agentrl.policy import Policy
+    from agentrl.rollout import rollout
+    from agentrl.stages import pipeline
+
+    def scripted_groups(cfg, policy, groups, group_size, seed):
+        envs = [make(cfg.env.id, **cfg.env.kwargs) for _ in range(groups * group_size)]
+        chat = policy.chat
+        engine = ScriptedEngine(lambda row: chat.action_ids(envs[row].expert_action() if row % 2 == 0 else "hello"),
+                                chat.eos_id)
+        gids = [i // group_size for i in range(len(envs))]
+        return rollout(envs, [100 + g for g in gids], engine, chat, group_ids=gids)[0]
+
+    monkeypatch.setattr(pipeline, "collect_groups", scripted_groups)
+    cfg = TrainConfig(env={"kwargs": {"locks": 1}}, updates=1,
+                      tiny={"hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2,
+                            "num_key_value_heads": 1, "max_position_embeddings": 256},
+                      sft={"episodes": 64, "epochs": 1}, eval={"episodes": 8},
+                      rollout={"groups": 2, "group_size": 4, "sampling": {"max_new_tokens": 16}})  # short evaluations
+    out = tmp_path / "p"
+    result = pipeline.run_pipeline(cfg, DPOConfig(groups=4, group_size=4, epochs=3, lr=5e-3, batch_pairs=8), out,
+                                   say=lambda s: None)
+    assert [s["stage"] for s in result["stages"]] == ["sft", "dpo", "rl (grpo)"]
+    assert result["stages"][1]["pairs"] == 16 and json.loads((out / "dpo" / "dpo.json").read_text())["dpo/pairs"] == 16
+
+    log = [json.loads(line) for line in (out / "dpo_metrics.jsonl").read_text().splitlines()]
+    assert [m["dpo/step"] for m in log] == list(range(1, 7))  # 16 pairs in batches of 8, 3 epochs
+    assert log[0]["dpo/margin"] == pytest.approx(0.0, abs=1e-6)  # the first step: the policy is the reference
+    assert log[-1]["dpo/margin"] > 0 and log[-1]["dpo/accuracy"] == 1.0
+
+    # the saved DPO policy prefers the chosen episode over the rejected one more than the SFT policy does
+    sft, dpo = Policy.load(out / "sft"), Policy.load(out / "dpo")
+    chosen, rejected = scripted_groups(cfg, sft, 1, 2, 0)
+    assert chosen.passed and not rejected.passed
+
+    def margin(policy):
+        batch = make_batch([chosen, rejected], policy.chat.pad_id)
+        with torch.no_grad():
+            from agentrl.policy import token_stats
+
+            s = sequence_logp(token_stats(policy.model, batch.input_ids, batch.attention_mask).logp, batch.action_mask)
+        return float(s[0] - s[1])
+
+    assert margin(dpo) > margin(sft)
+    assert any(not torch.equal(a, b) for a, b in zip(sft.model.parameters(), dpo.model.parameters()))
+    # RL went on from the DPO checkpoint, not from the SFT one
+    assert (out / "rl" / "config.yaml").read_text().count(str(out / "dpo")) == 1
