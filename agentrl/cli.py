@@ -224,7 +224,10 @@ def cmd_train(argv: Sequence[str]) -> int:
         # what the run decided, for config.yaml's header and summary.json: a run folder explains itself
         decisions["algo_auto"] = {"algo": rec.algo, "rule": rec.rule, "reason": rec.reason, "advice": rec.advice,
                                   "statistics": probed.stats.model_dump(), "thresholds": probed.thresholds.source,
-                                  "budget_episodes": probed.budget_episodes}
+                                  "budget_episodes": probed.budget_episodes,
+                                  "family": probed.family.model_dump() if probed.family else None}
+        if probed.family is not None and not probed.family.inside:
+            print(f"--algo auto: {probed.family.meaning}", file=sys.stderr)
         try:
             cfg = TrainConfig(**{**cfg.model_dump(exclude={"credit"}), "algo": rec.algo})
         except ValidationError as e:

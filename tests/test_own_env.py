@@ -197,6 +197,10 @@ def test_algo_auto_records_its_pick_rule_and_statistics(tmp_path, cache, capsys)
     assert auto["algo"] == json.loads((run / "summary.json").read_text())["algo"]
     # the probe rolls out 8 groups of the run's group size (4)
     assert auto["rule"] and auto["reason"] and auto["statistics"]["episodes"] == 8 * 4
+    # how far the env lies from the family the thresholds were fitted on, statistic by statistic
+    rows = {r["statistic"]: r for r in auto["family"]["rows"]}
+    assert rows["turns_median"]["value"] == auto["statistics"]["turns_median"] and rows["turns_median"]["low"] == 3.0
+    assert auto["family"]["meaning"]
     header = (run / "config.yaml").read_text()
     assert f"picked by --algo auto (the horizon probe), rule {auto['rule']}" in header
     assert "turns_median" in header

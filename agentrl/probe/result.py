@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from agentrl.probe.family import FamilyDistance
 from agentrl.probe.thresholds import ProbeThresholds
 
 
@@ -89,3 +90,5 @@ class ProbeResult(BaseModel):
     rules: list[RuleOutcome]
     recommendation: Recommendation
     env: dict[str, Any] | None = None
+    family: FamilyDistance | None = Field(None, description="how far these statistics lie from the environments the "
+                                          "packaged thresholds were fitted on, and what that means for the pick")

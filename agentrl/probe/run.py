@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from agentrl.core import Episode
+from agentrl.probe.family import family_distance
 from agentrl.probe.measure import measure
 from agentrl.probe.result import ProbeResult
 from agentrl.probe.rules import recommend
@@ -47,6 +48,7 @@ def probe_episodes(
         rules=outcomes,
         recommendation=rec,
         env=env,
+        family=family_distance(stats),
     )
 
 
