@@ -535,6 +535,9 @@ def cmd_probe(argv: Sequence[str]) -> int:
     if rec.advice:
         console.print(f"[yellow]advice[/yellow]: {rec.advice}")
     console.print(f"thresholds: {th.source}" + (f" (sweep of {th.sweep_started})" if th.sweep_started else ""))
+    if result.family is not None:
+        colour = "green" if result.family.inside else "yellow"
+        console.print(f"[{colour}]fitted on[/{colour}] {result.family.source}: {result.family.meaning}")
     console.print(f"report: {paths['html']}  {paths['md']}  {paths['json']}")
     return 0
 
