@@ -28,18 +28,29 @@ import yaml
 from agentrl.health import ALARMS, HealthConfig, alarm_spans, replay, series
 
 Row = dict[str, Any]
-ALARM_COLOURS = {"ENTROPY COLLAPSE": "#d62728", "STALLED": "#7f7f7f", "KL DRIFT": "#9467bd", "VERIFIER OVERFIT": "#ff7f0e",
+ALARM_COLOURS = {"ENTROPY COLLAPSE": "#d62728", "STALLED": "#7f7f7f", "KL DRIFT": "#9467bd",
+                 "VERIFIER OVERFIT": "#ff7f0e",
                  "TRUNCATION BLOW-UP": "#8c564b", "NON-FINITE": "#000000"}
 # (file name, title, [(metric, label)], y label)
 PLOTS = [
-    ("pass_rate", "Pass rate: train vs held-out", [("rollout/pass_rate", "train (rollout)"), ("eval/pass_rate", "held-out")], "pass rate"),
+    ("pass_rate", "Pass rate: train vs held-out",
+     [("rollout/pass_rate", "train (rollout)"), ("eval/pass_rate", "held-out")], "pass rate"),
     ("entropy", "Entropy of action tokens", [("train/entropy", "entropy")], "nats / token"),
     ("kl", "KL to the reference (k3)", [("train/kl", "KL")], "per token"),
-    ("zero_adv", "Zero-advantage groups", [("credit/zero_adv_frac", "zero-advantage"), ("credit/all_pass_frac", "all pass"),
+    ("zero_adv", "Zero-advantage groups",
+     [("credit/zero_adv_frac", "zero-advantage"), ("credit/all_pass_frac", "all pass"),
                                            ("credit/all_fail_frac", "all fail")], "fraction of groups"),
-    ("clip", "Clip fraction", [("train/clip_low_frac", "low (A < 0)"), ("train/clip_high_frac", "high (A > 0)")], "fraction of tokens"),
-    ("length", "Episode length", [("rollout/turns_mean", "turns"), ("rollout/truncated_frac", "truncated fraction")], "turns / fraction"),
+    ("clip", "Clip fraction", [("train/clip_low_frac", "low (A < 0)"), ("train/clip_high_frac", "high (A > 0)")],
+     "fraction of tokens"),
+    ("length", "Episode length", [("rollout/turns_mean", "turns"), ("rollout/truncated_frac", "truncated fraction")],
+     "turns / fraction"),
+    ("credit", "Credit: what the assigner learned and handed out",
+     [("credit/critic_ev", "turn critic explained variance"), ("credit/prm_outcome_corr", "PRM-outcome correlation"),
+      ("credit/adv_abs_mean", "mean |advantage|"), ("credit/value_change_concentration", "value-change concentration"),
+      ("credit/critic_warmup", "critic-only warm-up (1)")], "value"),
 ]
+# one spike must not hide a collapse: these are drawn on log axes (symlog where the metric can be 0)
+LOG_SCALE = {"entropy": "log", "kl": "symlog"}
 
 
 def read_metrics(path: Path | str) -> tuple[list[Row], bool]:
@@ -61,7 +72,8 @@ def read_metrics(path: Path | str) -> tuple[list[Row], bool]:
             if i == len(lines) - 1:
                 partial = True  # being written right now
                 continue
-            raise ValueError(f"{path}, line {i + 1}: not JSON ({e.msg}); only the last line may be half-written") from None
+            raise ValueError(f"{path}, line {i + 1}: not JSON ({e.msg}); only the last line may be "
+                             "half-written") from None
         if not isinstance(row, dict) or "step" not in row:
             raise ValueError(f"{path}, line {i + 1}: a metrics row must be an object with 'step'")
         rows.append(row)
@@ -88,16 +100,20 @@ def plot(rows: Sequence[Row], name: str, title: str, lines: Sequence[tuple[str, 
     data = {key: [(s, v) for s, v in series(rows, key) if not (key != "eval/pass_rate" and s == 0)] for key, _ in lines}
     if key_final := [r for r in rows if r.get("final") and "eval/pass_rate" in r]:
         if "eval/pass_rate" in data:
-            data["eval/pass_rate"] = data["eval/pass_rate"] + [(float(key_final[-1]["step"]), float(key_final[-1]["eval/pass_rate"]))]
+            data["eval/pass_rate"] = data["eval/pass_rate"] + [(float(key_final[-1]["step"]),
+                                                                float(key_final[-1]["eval/pass_rate"]))]
     if not any(data.values()):
         return None
     fig, ax = plt.subplots(figsize=(7, 3.2), dpi=100)
     steps = sorted({float(r["step"]) for r in rows if not r.get("final")})
+    if steps:  # every plot over the same x-axis, the whole run, so that panels line up
+        ax.set_xlim(0, max(max(steps), 1))
     for name_, runs in spans.items():
         for a, b in runs:
             # shade the interval since the row before: an alarm at a row covers the updates that led to it
             left = max((s for s in steps if s < a), default=a - 0.5)
-            ax.axvspan(left, b if b > left + 0.5 else b + 0.5, color=ALARM_COLOURS.get(name_, "#bbbbbb"), alpha=0.18, lw=0)
+            ax.axvspan(left, b if b > left + 0.5 else b + 0.5, color=ALARM_COLOURS.get(name_, "#bbbbbb"), alpha=0.18,
+                       lw=0)
     for key, label in lines:
         pts = data[key]
         if pts:
@@ -112,6 +128,12 @@ def plot(rows: Sequence[Row], name: str, title: str, lines: Sequence[tuple[str, 
             ax.axhline(floor, color="#d62728", ls="--", lw=0.8, label=f"collapse floor {floor:.3f}")
     for name_ in spans:  # a legend entry per alarm shown
         ax.fill_between([], [], color=ALARM_COLOURS.get(name_, "#bbbbbb"), alpha=0.3, label=name_)
+    scale = LOG_SCALE.get(name)
+    values = [v for pts in data.values() for _, v in pts]
+    if scale == "log" and values and min(values) > 0:
+        ax.set_yscale("log")
+    elif scale:
+        ax.set_yscale("symlog", linthresh=1e-4)
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("update")
     ax.set_ylabel(ylabel)
@@ -145,9 +167,11 @@ def write_report(run_dir: Path | str, out: Path | str | None = None) -> dict[str
     updates = [r for r in rows if not r.get("final") and float(r["step"]) > 0]
     last = updates[-1] if updates else rows[-1]
     if summary:
-        state = f"finished: {summary.get('updates_done', summary.get('updates'))} updates" + (f", stopped early ({summary['stopped']})" if summary.get("stopped") else "")
+        state = (f"finished: {summary.get('updates_done', summary.get('updates'))} updates"
+                 + (f", stopped early ({summary['stopped']})" if summary.get("stopped") else ""))
     else:
-        state = f"still running: {len(updates)} updates so far" + (" (last line half-written, skipped)" if partial else "")
+        state = f"still running: {len(updates)} updates so far" + (" (last line half-written, skipped)" if partial
+                                                                   else "")
 
     # figures
     pngs = [p for p in (plot(rows, *spec, spans, plots_dir, hc) for spec in PLOTS) if p is not None]
@@ -162,24 +186,31 @@ def write_report(run_dir: Path | str, out: Path | str | None = None) -> dict[str
         for h in replay(rows, hc):
             for a in h.alarms:
                 reasons.setdefault(a.name, a.reason)
-    timeline = [(name, ", ".join(f"{a:.0f}" if a == b else f"{a:.0f}-{b:.0f}" for a, b in spans[name]), reasons.get(name, ""))
+    timeline = [(name, ", ".join(f"{a:.0f}" if a == b else f"{a:.0f}-{b:.0f}" for a, b in spans[name]),
+                 reasons.get(name, ""))
                 for name in ALARMS if name in spans]
     actions = [(r["step"], a) for r in updates for a in r.get("health/actions", [])]
-    heldout = [(s, v) for s, v in series(rows, "eval/pass_rate")] + [(float(r["step"]), r["eval/pass_rate"]) for r in rows if r.get("final") and "eval/pass_rate" in r]
+    heldout = [(s, v) for s, v in series(rows, "eval/pass_rate")] + [
+        (float(r["step"]), r["eval/pass_rate"]) for r in rows if r.get("final") and "eval/pass_rate" in r]
 
     status = last.get("health/status") or (replay(rows, hc)[-1].status if updates else "-")
-    facts = [("run", str(run)), ("state", state), ("status at last update", str(status))]
+    # the folder's own name, not the path it was written under (no scratch paths in committed reports)
+    facts = [("run", run.resolve().name), ("state", state), ("status at last update", str(status))]
     if summary:
-        facts += [("held-out pass rate", f"{summary.get('warm_start_pass_rate', float('nan')):.3f} -> {summary.get('final_pass_rate', float('nan')):.3f}"),
-                  ("algo / env", f"{summary.get('algo')} / {summary.get('env')}"), ("wall time", f"{summary.get('wall_s', 0):.0f} s")]
+        facts += [("held-out pass rate", f"{summary.get('warm_start_pass_rate', float('nan')):.3f} -> "
+                   f"{summary.get('final_pass_rate', float('nan')):.3f}"),
+                  ("algo / env", f"{summary.get('algo')} / {summary.get('env')}"),
+                  ("wall time", f"{summary.get('wall_s', 0):.0f} s")]
     elif heldout:
         facts += [("held-out pass rate", " -> ".join(f"{v:.3f}" for _, v in (heldout[0], heldout[-1])))]
-    keys = ["rollout/pass_rate", "eval/pass_rate", "train/entropy", "train/kl", "credit/zero_adv_frac", "train/clip_low_frac", "train/clip_high_frac",
+    keys = ["rollout/pass_rate", "eval/pass_rate", "train/entropy", "train/kl", "credit/zero_adv_frac",
+            "train/clip_low_frac", "train/clip_high_frac",
             "rollout/turns_mean", "rollout/truncated_frac", "train/grad_norm"]
     last_metrics = [(k, _fmt(last[k])) for k in keys if k in last]
 
-    md = _markdown(facts, timeline, actions, last_metrics, pngs, out_dir)
-    page = _html(facts, timeline, actions, last_metrics, pngs)
+    config = (run / "config.yaml").read_text() if (run / "config.yaml").is_file() else ""
+    md = _markdown(facts, timeline, actions, last_metrics, pngs, out_dir) + _config_md(config)
+    page = _html(facts, timeline, actions, last_metrics, pngs).replace("</body></html>", _config_html(config) + "</body></html>")
     md_path, html_path = out_dir / "report.md", out_dir / "report.html"
     md_path.write_text(md)
     html_path.write_text(page)
@@ -189,7 +220,8 @@ def write_report(run_dir: Path | str, out: Path | str | None = None) -> dict[str
 def _markdown(facts, timeline, actions, last_metrics, pngs, out_dir: Path) -> str:
     lines = ["# Run report", ""] + [f"- **{k}**: {v}" for k, v in facts] + ["", "## Alarm timeline", ""]
     if timeline:
-        lines += ["| alarm | updates | why (first time) |", "|---|---|---|"] + [f"| {n} | {s} | {w} |" for n, s, w in timeline]
+        lines += ["| alarm | updates | why (first time) |", "|---|---|---|"]
+        lines += [f"| {n} | {s} | {w} |" for n, s, w in timeline]
     else:
         lines.append("No alarm fired.")
     lines += ["", "## Interventions", ""]
@@ -199,12 +231,22 @@ def _markdown(facts, timeline, actions, last_metrics, pngs, out_dir: Path) -> st
     return "\n".join(lines) + "\n"
 
 
+def _config_md(config: str) -> str:
+    return f"\n## Resolved config\n\n```yaml\n{config.rstrip()}\n```\n" if config else ""
+
+
+def _config_html(config: str) -> str:
+    return f"<h2>Resolved config</h2><details><summary>config.yaml</summary><pre>{html.escape(config)}</pre></details>" \
+        if config else ""
+
+
 def _html(facts, timeline, actions, last_metrics, pngs) -> str:
     """One file, no external resource: CSS inline, every PNG embedded as base64."""
     e = html.escape
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>agentrl run report</title><style>",
              "body{font-family:system-ui,sans-serif;max-width:980px;margin:2em auto;color:#222}",
-             "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}",
+             "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px "
+             "8px;font-size:13px;text-align:left}",
              "img{max-width:100%;display:block;margin:.6em 0}.alarm{color:#b00;font-weight:bold}.ok{color:#070}",
              "</style></head><body><h1>Run report</h1><table>"]
     parts += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in facts]
@@ -216,8 +258,10 @@ def _html(facts, timeline, actions, last_metrics, pngs) -> str:
     else:
         parts.append("<p class='ok'>No alarm fired.</p>")
     parts.append("<h2>Interventions</h2>")
-    parts.append("<ul>" + "".join(f"<li>step {e(str(s))}: {e(a)}</li>" for s, a in actions) + "</ul>" if actions else "<p>None acted.</p>")
-    parts.append("<h2>Last update</h2><table>" + "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in last_metrics) + "</table>")
+    parts.append("<ul>" + "".join(f"<li>step {e(str(s))}: {e(a)}</li>" for s, a in actions) + "</ul>" if actions
+                 else "<p>None acted.</p>")
+    parts.append("<h2>Last update</h2><table>"
+                 + "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in last_metrics) + "</table>")
     parts.append("<h2>Plots</h2>")
     for p in pngs:
         data = base64.b64encode(p.read_bytes()).decode("ascii")

@@ -26,7 +26,8 @@ def write_run(folder, rows, tail: str = "", summary: dict | None = None):
 
 
 def test_a_running_run_with_a_half_written_line_gets_a_report_with_its_alarms(tmp_path):
-    run = write_run(tmp_path / "run", [{"step": 0, "eval/pass_rate": 0.4}] + example_rows(), tail='{"step": 4000, "rollout/pass_')
+    run = write_run(tmp_path / "run", [{"step": 0, "eval/pass_rate": 0.4}] + example_rows(), tail='{"step": 4000, '
+                    '"rollout/pass_')
     paths = write_report(run)
     md = paths["markdown"].read_text()
     assert "still running: 5 updates so far (last line half-written, skipped)" in md
@@ -39,9 +40,11 @@ def test_a_running_run_with_a_half_written_line_gets_a_report_with_its_alarms(tm
 
 
 def test_the_html_is_self_contained(tmp_path):
-    rows = [{**r, "credit/zero_adv_frac": 0.2, "train/clip_low_frac": 0.01, "train/clip_high_frac": 0.02, "rollout/turns_mean": 4.0,
+    rows = [{**r, "credit/zero_adv_frac": 0.2, "train/clip_low_frac": 0.01, "train/clip_high_frac": 0.02,
+             "rollout/turns_mean": 4.0,
              "rollout/truncated_frac": 0.1} for r in example_rows()]
-    run = write_run(tmp_path / "run", rows, summary={"updates": 3200, "warm_start_pass_rate": 0.4, "final_pass_rate": 0.79, "algo": "grpo",
+    run = write_run(tmp_path / "run", rows,
+                    summary={"updates": 3200, "warm_start_pass_rate": 0.4, "final_pass_rate": 0.79, "algo": "grpo",
                                                      "env": "agentrl/Vault-v0", "wall_s": 12.0})
     page = write_report(run)["html"].read_text()
     images = re.findall(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", page)
@@ -90,6 +93,30 @@ def test_tensorboard_events_read_back_equal_metrics_jsonl(tmp_path, vault_policy
                 continue
             events = [e for e in acc.Scalars(prefix + k) if e.step == r["step"]]
             assert len(events) == 1, (prefix + k, r["step"])
-            assert events[0].value == pytest.approx(v, rel=1e-6, abs=1e-6) or (math.isnan(v) and math.isnan(events[0].value))
+            assert events[0].value == pytest.approx(v, rel=1e-6, abs=1e-6) or (math.isnan(v)
+                                                                               and math.isnan(events[0].value))
             checked += 1
     assert checked > 40 and {"health/stalled", "train/entropy", "eval/pass_rate", "final/eval/pass_rate"} <= tags
+
+
+def test_the_report_shows_credit_the_config_and_log_axes_without_scratch_paths(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    rows = [{**r, "credit/critic_ev": 0.1 * i, "credit/adv_abs_mean": 0.5, "credit/critic_warmup": float(i < 2)}
+            for i, r in enumerate(example_rows())]
+    run = write_run(tmp_path / "scratch" / "my-run", rows)
+    (run / "config.yaml").write_text("algo: turn-ppo\ncredit:\n  algo: turn-ppo\n  gamma: 0.99\n")
+    scales, limits = {}, {}
+    set_yscale, set_xlim = matplotlib.axes.Axes.set_yscale, matplotlib.axes.Axes.set_xlim
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_yscale",
+                        lambda ax, v, **kw: (scales.__setitem__(ax.get_title() or len(scales), v), set_yscale(ax, v, **kw)))
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_xlim",
+                        lambda ax, *a, **kw: (limits.__setitem__(id(ax), a), set_xlim(ax, *a, **kw)))
+    paths = write_report(run)
+    md = paths["markdown"].read_text()
+    assert "credit" in {p.stem for p in paths["plots"]}
+    assert "## Resolved config" in md and "gamma: 0.99" in md and "gamma: 0.99" in paths["html"].read_text()
+    assert str(tmp_path) not in md and str(tmp_path) not in paths["html"].read_text()  # the folder's name only
+    assert "my-run" in md
+    assert sorted(set(scales.values())) == ["log", "symlog"]  # entropy on log, KL on symlog
+    assert len(set(limits.values())) == 1  # one shared x-axis over every panel
