@@ -205,3 +205,15 @@ def test_algo_auto_records_its_pick_rule_and_statistics(tmp_path, cache, capsys)
     assert f"picked by --algo auto (the horizon probe), rule {auto['rule']}" in header
     assert "turns_median" in header
     TrainConfig.model_validate(yaml.safe_load(header))  # the header is comments: the file still loads as a config
+
+
+def test_an_env_that_cannot_be_imported_says_how_to_make_it_importable(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a module that is not in the current folder, nor on the path
+    with pytest.raises(ValueError, match=r"No module named 'not_here_env'.*PYTHONPATH.*path/to/my_env.py:MyEnv"):
+        make("not_here_env:Arithmetic")
+    with pytest.raises(ValueError, match=r"no file elsewhere/my_env.py"):
+        make("elsewhere/my_env.py:Arithmetic")
+    env_id = write_module(tmp_path, "named_env", readme_env_code())
+    assert type(make(env_id)).__name__ == "Arithmetic"  # path/to/file.py:Class works from any folder
+    with pytest.raises(ValueError, match=r"has no 'Arithmatic'; its AgentEnv classes: Arithmetic"):
+        make(env_id.replace(":Arithmetic", ":Arithmatic"))
