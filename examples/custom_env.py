@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         return None
 
     from agentrl.config import TrainConfig
-    from agentrl.trainer import Trainer
+    from agentrl.trainer import train
 
     cfg = TrainConfig(
         env={"id": "examples.custom_env:Arithmetic" if __name__ != "__main__" else "__main__:Arithmetic"},
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         rollout={"groups": 8, "group_size": 8},
         eval={"episodes": 64, "every": 0},
     )
-    return Trainer(cfg).train()
+    return train(cfg)  # the SFT warm start (cached), then RL
 
 
 if __name__ == "__main__":
