@@ -2,6 +2,7 @@
 
     python examples/custom_env.py                 # check it, watch the expert, train briefly
     python examples/custom_env.py --updates 0     # just the checks and one expert episode
+    agentrl train --env.id examples/custom_env.py:Arithmetic --sft.noise auto   # the same env from the CLI
 
 The task: compute (a * b) + c. The policy has a calculator tool and an `answer` tool; the
 verifier checks the submitted number. The scripted expert (used for the SFT warm start) sometimes
