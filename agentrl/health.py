@@ -20,6 +20,11 @@ How the rules read a history (docs/algorithms.md, Training health):
 - "Over the last N steps" compares the smoothed value now with the smoothed value at the latest row
   at least N steps back; until such a row exists the rule does not judge.
 - The early level of a metric is its mean over the first `baseline_steps` updates.
+- Where noise decides (STALLED's "no progress", VERIFIER OVERFIT's fall), a least-squares line is
+  fitted to the raw values (`trend`) and judged with its standard error, so a noisier run needs a
+  longer span before it is called flat or falling.
+- Each alarm is an `AlarmSpec` (name, status label, metrics key, check) in the `ALARMS` registry;
+  adding one is one `register(...)` beside its check.
 
 Why the defaults: see each `HealthConfig` field. Interventions are the small pure policies at the
 bottom (`plan`): given the history, the alarm states and the current knobs, they say what to change.
