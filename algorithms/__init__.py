@@ -44,14 +44,15 @@ class AssignerSpec:
     impl: str | type  # "module:Class", imported when a run builds it, or the class itself
     description: str  # one line for `agentrl algos`
     turn_level: bool  # credit differs between the turns of an episode (not one advantage per episode)
-    needs_hidden: bool | Callable[[CreditConfig], bool] = False  # reads the policy's hidden states (under these options)
+    # reads the policy's hidden states (under these options)
+    needs_hidden: bool | Callable[[CreditConfig], bool] = False
     resampling: bool = False  # honours `dynamic_sampling="resample"`: the trainer rolls out extra batches for it
 
     def __post_init__(self) -> None:
         default = self.config.model_fields["algo"].default if "algo" in self.config.model_fields else None
         if default != self.name:
-            raise ValueError(f"assigner {self.name!r}: its config {self.config.__name__}.algo must default to {self.name!r}, "
-                             f"got {default!r}")
+            raise ValueError(f"assigner {self.name!r}: its config {self.config.__name__}.algo must default to "
+                             f"{self.name!r}, got {default!r}")
         if self.resampling and not {"dynamic_sampling", "max_resample_batches"} <= set(self.config.model_fields):
             raise ValueError(f"assigner {self.name!r} declares resampling, but {self.config.__name__} has no "
                              "dynamic_sampling / max_resample_batches options")
@@ -106,21 +107,24 @@ def turn_level_assigners() -> list[str]:
 
 _PKG = "agentrl.algorithms"
 register(AssignerSpec("grpo", GRPOConfig, f"{_PKG}.grpo:GRPO", turn_level=False, resampling=True,
-                      description="group-relative outcome advantage on every token (GRPO/RLOO/Dr. GRPO/DAPO options); no critic"))
+                      description="group-relative outcome advantage on every token (GRPO/RLOO/Dr. GRPO/DAPO options); "
+                      "no critic"))
 register(AssignerSpec("arpo", ARPOConfig, f"{_PKG}.arpo:ARPO", turn_level=True, needs_hidden=True, resampling=True,
-                      description="turn-critic reweighting: a value head spreads the group advantage over turns by |value change| "
-                      "(gated on critic EV)"))
+                      description="turn-critic reweighting: a value head spreads the group advantage over turns by "
+                      "|value change| (gated on critic EV)"))
 register(AssignerSpec("steppo", StepPOConfig, f"{_PKG}.steppo:StepPO", turn_level=True, resampling=True,
                       needs_hidden=lambda c: c.prm == "learned",  # only the learned PRM has a head on the hidden state
-                      description="process rewards: outcome advantage + reward-to-go of group-normalised PRM step scores "
-                      "(env / learned / implicit PRM)"))
+                      description="process rewards: outcome advantage + reward-to-go of group-normalised PRM step "
+                      "scores (env / learned / implicit PRM)"))
 register(AssignerSpec("turn-ppo", TurnPPOConfig, f"{_PKG}.turn_ppo:TurnPPO", turn_level=True, needs_hidden=True,
-                      description="turn-level critic + GAE over turns, each turn's tokens share A_k (critic warm-up first)"))
+                      description="turn-level critic + GAE over turns, each turn's tokens share A_k (critic warm-up "
+                      "first)"))
 register(AssignerSpec("gigpo", GiGPOConfig, f"{_PKG}.gigpo:GiGPO", turn_level=True, resampling=True,
                       description="critic-free step credit: turns from the same state inside a group are compared by "
                       "discounted return (needs state_key)"))
 
 __all__ = [
-    "ASSIGNERS", "ARPOConfig", "AssignerSpec", "CreditConfig", "CriticConfig", "GRPOConfig", "GiGPOConfig", "StepPOConfig",
+    "ASSIGNERS", "ARPOConfig", "AssignerSpec", "CreditConfig", "CriticConfig", "GRPOConfig", "GiGPOConfig",
+    "StepPOConfig",
     "TurnPPOConfig", "get_assigner", "get_spec", "reads_hidden", "register", "turn_level_assigners",
 ]

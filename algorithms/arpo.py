@@ -38,7 +38,8 @@ from agentrl.store import TurnBatch
 
 
 class ARPO(GRPO):
-    def __init__(self, config: ARPOConfig | None = None, policy: Any = None, critic: Any = None, hidden_size: int | None = None, **_: object):
+    def __init__(self, config: ARPOConfig | None = None, policy: Any = None, critic: Any = None,
+                 hidden_size: int | None = None, **_: object):
         self.cfg = config or ARPOConfig()
         self.model = policy.model if policy is not None else None
         size = hidden_size or (policy.model.config.hidden_size if policy is not None else None)

@@ -32,7 +32,8 @@ class GiGPO(GRPO):
         for b, ep in enumerate(batch.episodes):
             for k, turn in enumerate(ep.turns):
                 if turn.state_key is None:
-                    raise ValueError(f"gigpo needs state_key; {ep.env_id or 'the environment'} reports none (turn {k} of {ep.task_id})")
+                    raise ValueError(f"gigpo needs state_key; {ep.env_id or 'the environment'} reports none (turn {k} "
+                                     f"of {ep.task_id})")
                 step_groups.setdefault((int(batch.group_ids[b]), turn.state_key), []).append((b, k))
         sizes = []
         for members in step_groups.values():
@@ -43,7 +44,8 @@ class GiGPO(GRPO):
             g = G[list(rows), list(cols)]
             A_step[list(rows), list(cols)] = (g - g.mean()) / (g.std() + 1e-6)
         n_turns = max(int(mask.sum()), 1)
-        return A_step, {"step_groups": float(len(step_groups)), "state_recurrence": float(sum(s for s in sizes if s > 1) / n_turns)}
+        return A_step, {"step_groups": float(len(step_groups)),
+                        "state_recurrence": float(sum(s for s in sizes if s > 1) / n_turns)}
 
     def assign(self, batch: TurnBatch, fit: Fit) -> Credit:
         A, weight, metrics = self.episode_advantages(batch)

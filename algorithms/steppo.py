@@ -37,7 +37,8 @@ def pearson(x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 class StepPO(GRPO):
-    def __init__(self, config: StepPOConfig | None = None, policy: Any = None, hidden_size: int | None = None, **_: object):
+    def __init__(self, config: StepPOConfig | None = None, policy: Any = None, hidden_size: int | None = None,
+                 **_: object):
         self.cfg = config or StepPOConfig()
         self.model = policy.model if policy is not None else None
         self.head = None
@@ -52,7 +53,8 @@ class StepPO(GRPO):
             return batch.step_rewards * mask
         if self.cfg.prm == "implicit":
             if batch.ref_logp is None:
-                raise ValueError("steppo prm=implicit needs reference log-probs in the batch (the trainer fills them in)")
+                raise ValueError("steppo prm=implicit needs reference log-probs in the batch (the trainer fills them "
+                                 "in)")
             # log(pi/pi_ref) of the behaviour policy's own tokens, summed per turn
             lr = (batch.behaviour_logp - batch.ref_logp) * batch.action_mask  # (B, T)
             idx = batch.turn_index.clamp(min=0)

@@ -36,7 +36,8 @@ from agentrl.store import TurnBatch
 
 
 class TurnPPO:
-    def __init__(self, config: TurnPPOConfig | None = None, policy: Any = None, critic: Any = None, hidden_size: int | None = None, **_: object):
+    def __init__(self, config: TurnPPOConfig | None = None, policy: Any = None, critic: Any = None,
+                 hidden_size: int | None = None, **_: object):
         self.cfg = config or TurnPPOConfig()
         self.model = policy.model if policy is not None else None
         self.pad_id = policy.chat.pad_id if policy is not None else 0
@@ -45,7 +46,8 @@ class TurnPPO:
         self.updates = 0
         self.warm = self.cfg.warmup_updates == 0
 
-    def advantages(self, batch: TurnBatch, feats: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def advantages(self, batch: TurnBatch,
+                   feats: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(A, V, bootstrap) under the current critic; A is not whitened."""
         feats = turn_features(batch, self.model) if feats is None else feats
         mask = batch.turn_mask
