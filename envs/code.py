@@ -60,7 +60,8 @@ class CodeEnv(AgentEnv):
 
     def run_tests(self, code: str) -> str:
         """Run the visible test against your code (a function body, or full definitions)."""
-        result = self.sandbox.run_tests(self.task.program(code), self._with_setup(self.visible), self.task.entry_point, self.task.preamble or "")
+        result = self.sandbox.run_tests(self.task.program(code), self._with_setup(self.visible), self.task.entry_point,
+                                        self.task.preamble or "")
         ok = result.n_passed == len(result.tests)
         text = "visible test passed" if ok else "visible test failed"
         if result.load_error:
@@ -143,10 +144,15 @@ class CodeEnv(AgentEnv):
             "return None": ("    return None\n", False),
             "exit 0 before the tests": ("    pass\nimport sys\nsys.exit(0)\n", False),
             "os._exit(0)": ("    pass\nimport os\nos._exit(0)\n", False),
-            "always-equal object": ("    class A:\n        def __eq__(s, o): return True\n        def __ne__(s, o): return False\n    return A()\n", False),
-            "patch assert helpers": ("    pass\nimport builtins, unittest\nbuiltins.AssertionError = type('N', (Exception,), {})\nunittest.TestCase.assertEqual = lambda *a, **k: None\n", False),
-            "fake results file and report": ("    pass\nprint('{\"load_error\": null, \"tests\": []}')\nopen('results.json', 'w').write('passed')\n", False),
-            "redefine check()": (f"    pass\ndef check(candidate):\n    return True\ndef {ep}(*a, **k):\n    return None\n", False),
+            "always-equal object": ("    class A:\n        def __eq__(s, o): return True\n        def __ne__(s, o): "
+                                    "return False\n    return A()\n", False),
+            "patch assert "
+            "helpers": ("    pass\nimport builtins, unittest\nbuiltins.AssertionError = type('N', (Exception,), "
+                        "{})\nunittest.TestCase.assertEqual = lambda *a, **k: None\n", False),
+            "fake results file and report": ("    pass\nprint('{\"load_error\": null, \"tests\": "
+                                             "[]}')\nopen('results.json', 'w').write('passed')\n", False),
+            "redefine check()": (f"    pass\ndef check(candidate):\n    return True\ndef {ep}(*a, **k):\n    return "
+                                 "None\n", False),
             "a body that raises": ("    raise NotImplementedError\n", False),
         }
 

@@ -75,7 +75,8 @@ class MathEnv(AgentEnv):
     system_prompt = "Solve the problem. Use the calculator if you like, then submit the final number."
     max_turns = 4
 
-    def __init__(self, max_turns: int | None = None, kinds: tuple[str, ...] = ("arithmetic", "equation", "word", "fraction")):
+    def __init__(self, max_turns: int | None = None,
+                 kinds: tuple[str, ...] = ("arithmetic", "equation", "word", "fraction")):
         super().__init__(max_turns=max_turns)
         self.kinds = kinds
         self.verifier = MathVerifier(numbers_only=True)
@@ -122,9 +123,11 @@ class MathEnv(AgentEnv):
         if kind == "word":
             name, item = NAMES[r(0, len(NAMES) - 1)], ITEMS[r(0, len(ITEMS) - 1)]
             a, n, k = r(2, 20), r(2, 6), r(2, 9)
-            return f"{name} has {a} {item} and buys {n} packs of {k} {item}. How many {item} does {name} have now?", f"{a} + {n} * {k}"
+            return (f"{name} has {a} {item} and buys {n} packs of {k} {item}. How many {item} does {name} have now?",
+                    f"{a} + {n} * {k}")
         a, b = r(3, 40), r(2, 8)
-        return f"{name_of(rng)} shares {a} kg of rice equally among {b} bags. How many kg per bag (as a number)?", f"{a} / {b}"
+        return (f"{name_of(rng)} shares {a} kg of rice equally among {b} bags. How many kg per bag (as a number)?",
+                f"{a} / {b}")
 
     def verify(self) -> float:
         if self.submitted is None:
@@ -134,7 +137,8 @@ class MathEnv(AgentEnv):
     def expert_action(self, noise: float = 0.0) -> str:
         rng = self.np_random
         if noise > 0 and rng.random() < noise / 2:
-            return '<tool_call>{"name": "submit", "arguments": {"answer": ' if rng.random() < 0.5 else "I think the answer is easy."
+            truncated_call = '<tool_call>{"name": "submit", "arguments": {"answer": '
+            return truncated_call if rng.random() < 0.5 else "I think the answer is easy."
         if self.turn == 0:
             return _call("calculator", expression=self.expression)
         answer = self.task.answer

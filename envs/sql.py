@@ -59,9 +59,11 @@ class SQLEnv(AgentEnv):
         super().reset(seed=seed)
         rng = self.np_random
         names = list(rng.permutation(FIRST)[: self.n_rows])
-        rows = [(i + 1, str(n), DEPTS[int(rng.integers(3))], int(rng.integers(3, 13)) * 10, int(rng.integers(20, 60))) for i, n in enumerate(names)]
+        rows = [(i + 1, str(n), DEPTS[int(rng.integers(3))], int(rng.integers(3, 13)) * 10, int(rng.integers(20, 60)))
+                for i, n in enumerate(names)]
         values = ", ".join(f"({i}, '{n}', '{d}', {s}, {a})" for i, n, d, s, a in rows)
-        schema = f"CREATE TABLE emp(id INTEGER PRIMARY KEY, name TEXT, dept TEXT, salary INTEGER, age INTEGER); INSERT INTO emp VALUES {values};"
+        schema = ("CREATE TABLE emp(id INTEGER PRIMARY KEY, name TEXT, dept TEXT, salary INTEGER, age INTEGER); "
+                  f"INSERT INTO emp VALUES {values};")
         if hasattr(self, "_con"):
             self._con.close()
         self._con = connect(schema)
@@ -71,12 +73,14 @@ class SQLEnv(AgentEnv):
             # Redraw until the filter matters.
             question, gold = self._question(rng, rows)
             _, want = run_query(self._con, gold)
-            others = [sorted(map(repr, run_query(self._con, q)[1])) for q in (_without_filter(gold), _negated(gold)) if q != gold]
+            others = [sorted(map(repr, run_query(self._con, q)[1])) for q in (_without_filter(gold), _negated(gold))
+                      if q != gold]
             if want and all(v not in (0, None) for r in want for v in r) and sorted(map(repr, want)) not in others:
                 break
         self.task = SQLTask(schema=schema, gold=gold, question=question, task_id=f"sql-{seed}")
         self.submitted: str | None = None
-        obs = f"Table emp(id, name, dept, salary, age), {len(rows)} rows; dept is one of eng, ops, sales.\nQuestion: {question}"
+        obs = (f"Table emp(id, name, dept, salary, age), {len(rows)} rows; dept is one of eng, ops, sales.\n"
+               f"Question: {question}")
         return obs, {"task_id": self.task.task_id}
 
     @staticmethod
@@ -92,7 +96,8 @@ class SQLEnv(AgentEnv):
         if kind == 2:
             return f"What is the highest salary in {dept}?", f"SELECT MAX(salary) FROM emp WHERE dept = '{dept}'"
         if kind == 3:
-            return f"List the names of people older than {age}, youngest first.", f"SELECT name FROM emp WHERE age > {age} ORDER BY age, id"
+            return (f"List the names of people older than {age}, youngest first.",
+                    f"SELECT name FROM emp WHERE age > {age} ORDER BY age, id")
         return "For each dept, give the dept and its number of people.", "SELECT dept, COUNT(*) FROM emp GROUP BY dept"
 
     def verify(self) -> float:

@@ -52,7 +52,8 @@ class VaultEnv(AgentEnv):
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         rng = self.np_random
-        self.clues = [(int(rng.integers(1, self.max_operand + 1)), int(rng.integers(1, self.max_operand + 1))) for _ in range(self.locks)]
+        self.clues = [(int(rng.integers(1, self.max_operand + 1)), int(rng.integers(1, self.max_operand + 1)))
+                      for _ in range(self.locks)]
         self.opened = 0
         self.clue_read = False
         return f"{self.locks} locks. Read each clue, then open the lock with the sum.", {"state_key": self.state_key()}
