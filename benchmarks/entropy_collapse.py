@@ -30,7 +30,8 @@ from agentrl.trainer import Trainer
 
 
 def configs(args: argparse.Namespace) -> dict[str, TrainConfig]:
-    common: dict[str, Any] = {"updates": args.updates, "seed": args.seed, "eval": {"episodes": args.eval_episodes, "every": args.eval_every}}
+    common: dict[str, Any] = {"updates": args.updates, "seed": args.seed,
+                              "eval": {"episodes": args.eval_episodes, "every": args.eval_every}}
     return {
         "collapse": TrainConfig(**common, out=str(args.out / "collapse"), optim={"lr": args.collapse_lr},
                                 loss={"entropy_coef": 0.0, "kl_coef": 0.0},
@@ -81,7 +82,8 @@ def main() -> None:
     ap.add_argument("--collapse-lr", type=float, default=1e-3)
     ap.add_argument("--collapse-temperature", type=float, default=0.7)
     ap.add_argument("--out", type=Path, default=Path("runs/entropy_collapse"))
-    ap.add_argument("--reuse", action="store_true", help="report on runs already in --out (finished) instead of training them again")
+    ap.add_argument("--reuse", action="store_true", help="report on runs already in --out (finished) instead of "
+                    "training them again")
     args = ap.parse_args()
 
     t0 = time.perf_counter()

@@ -80,16 +80,19 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=4)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--eval-episodes", type=int, default=128)
-    ap.add_argument("--lock-examples", type=int, default=9000, help="SFT demonstrations x locks per horizon (constant sum examples)")
+    ap.add_argument("--lock-examples", type=int, default=9000, help="SFT demonstrations x locks per horizon (constant "
+                    "sum examples)")
     ap.add_argument("--out", default="runs/horizon-sweep")
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (one torch thread each); 1: run here")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default); workers get 1")
-    ap.add_argument("--from-json", metavar="SWEEP_JSON", help="only redraw the table, plot and summary of a finished sweep into --out")
+    ap.add_argument("--from-json", metavar="SWEEP_JSON", help="only redraw the table, plot and summary of a finished "
+                    "sweep into --out")
     args = ap.parse_args()
     if args.from_json:
         results = json.loads(Path(args.from_json).read_text())
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        return finish(results, [a for a in ALGOS if any(r["algo"] == a for h in results["horizons"].values() for r in h["runs"].values())], Path(args.out))
+        return finish(results, [a for a in ALGOS if any(r["algo"] == a for h in results["horizons"].values()
+                                                        for r in h["runs"].values())], Path(args.out))
     if args.jobs > 1 and len(args.locks) > 1:
         return run_parallel(args)
 
@@ -127,8 +130,10 @@ def main() -> None:
         policy = Policy.load(folder)
         warm = evaluate(base, policy, None, tiny.max_position_embeddings)
         h = {"locks": locks, "slack": slack, "max_turns": 2 * locks + slack, "noise": noise, "expert_pass_rate": expert,
-             "demos": demos, "sft_batch": batch, "warm_start_pass_rate": warm.pass_rate, "warm_start_s": time.perf_counter() - t0, "runs": {}}
-        print(f"[locks {locks}] slack {slack}, noise {noise} (expert {expert:.2f}), warm start {warm.pass_rate:.3f}", flush=True)
+             "demos": demos, "sft_batch": batch, "warm_start_pass_rate": warm.pass_rate,
+             "warm_start_s": time.perf_counter() - t0, "runs": {}}
+        print(f"[locks {locks}] slack {slack}, noise {noise} (expert {expert:.2f}), warm start {warm.pass_rate:.3f}",
+              flush=True)
         threshold = warm.pass_rate + 0.5 * (1 - warm.pass_rate)
         h["threshold"] = threshold
         for algo in args.algos:
@@ -148,8 +153,10 @@ def main() -> None:
                 h["runs"][f"{algo}/{seed}"] = {
                     "algo": algo, "seed": seed, "final_pass_rate": summary["final_pass_rate"], "curve": curve,
                     "episodes_to_threshold": None if hit is None else hit * eps_per_update,
-                    "zero_adv_frac": float(np.mean([r.get("credit/zero_adv_frac", 0) for r in rows if r.get("step", 0) >= 1 and not r.get("final")])),
-                    "critic_ev_last": next((r["credit/critic_ev"] for r in reversed(rows) if "credit/critic_ev" in r), None),
+                    "zero_adv_frac": float(np.mean([r.get("credit/zero_adv_frac", 0) for r in rows
+                                                    if r.get("step", 0) >= 1 and not r.get("final")])),
+                    "critic_ev_last": next((r["credit/critic_ev"] for r in reversed(rows) if "credit/critic_ev" in r),
+                                           None),
                     "wall_s": time.perf_counter() - t1,
                 }
                 print(f"  {algo:9s} seed {seed}: {warm.pass_rate:.3f} -> {summary['final_pass_rate']:.3f} "
@@ -172,7 +179,8 @@ def run_parallel(args: argparse.Namespace) -> None:
     bins = [sorted(b) for b in bins if b]
     procs = []
     for i, b in enumerate(bins):
-        cmd = [sys.executable, __file__, "--jobs", "1", "--threads", "1", "--locks", *map(str, b), "--algos", *args.algos,
+        cmd = [sys.executable, __file__, "--jobs", "1", "--threads", "1", "--locks", *map(str, b), "--algos",
+               *args.algos,
                "--seeds", *map(str, args.seeds), "--updates", str(args.updates), "--groups", str(args.groups),
                "--group-size", str(args.group_size), "--eval-episodes", str(args.eval_episodes),
                "--lock-examples", str(args.lock_examples), "--out", str(out / f"part{i}")]
@@ -180,7 +188,8 @@ def run_parallel(args: argparse.Namespace) -> None:
         procs.append(subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}))
     codes = [p.wait() for p in procs]
     if any(codes):
-        raise SystemExit(f"horizon sweep: a worker failed (exit codes {codes}); partial results in {out}/part*/sweep.json")
+        raise SystemExit(f"horizon sweep: a worker failed (exit codes {codes}); partial results in "
+                         f"{out}/part*/sweep.json")
     parts = [json.loads((out / f"part{i}" / "sweep.json").read_text()) for i in range(len(bins))]
     horizons = {h: v for p in parts for h, v in p["horizons"].items()}
     results = {"started": min(p["started"] for p in parts), "args": {**vars(args)}, "workers": bins,
@@ -196,20 +205,25 @@ def finish(results: dict, algos: list[str], out: Path) -> None:
     plot(results, algos, out)
     print(table)
     longest = results["horizons"][str(max(args_locks))]
-    means = {a: statistics.mean(r["final_pass_rate"] for r in longest["runs"].values() if r["algo"] == a) for a in algos}
+    means = {a: statistics.mean(r["final_pass_rate"] for r in longest["runs"].values() if r["algo"] == a)
+             for a in algos}
     turn_level = {a: m for a, m in means.items() if a in TURN_LEVEL}
     best = max(turn_level, key=turn_level.get) if turn_level else "grpo"
     grpo = means.get("grpo")
     # ratio: the best turn-level assigner at each horizon (what a right pick per horizon gives) over
     # grpo at every horizon, summed over horizons (grpo's 0 at one horizon must not make it infinite)
-    per_h = [{a: statistics.mean(r["final_pass_rate"] for r in h["runs"].values() if r["algo"] == a) for a in algos} for h in results["horizons"].values()]
+    per_h = [{a: statistics.mean(r["final_pass_rate"] for r in h["runs"].values() if r["algo"] == a) for a in algos}
+             for h in results["horizons"].values()]
     best_sum = sum(max(m[a] for a in m if a in TURN_LEVEL) for m in per_h if any(a in TURN_LEVEL for a in m))
     grpo_sum = sum(m["grpo"] for m in per_h if "grpo" in m)
     ratio = round(best_sum / grpo_sum, 3) if grpo_sum else None
-    print(json.dumps({"benchmark": "horizon_sweep", "wall_s": round(results["wall_s"]), "horizons": len(results["horizons"]),
-                      "longest_locks": max(args_locks), "grpo_final": None if grpo is None else round(grpo, 3), "best_turn_level": best,
+    print(json.dumps({"benchmark": "horizon_sweep", "wall_s": round(results["wall_s"]),
+                      "horizons": len(results["horizons"]),
+                      "longest_locks": max(args_locks), "grpo_final": None if grpo is None else round(grpo, 3),
+                      "best_turn_level": best,
                       "best_turn_level_final": round(turn_level.get(best, float("nan")), 3),
-                      "difference": None if grpo is None else round(turn_level.get(best, float("nan")) - grpo, 3), "ratio": ratio}))
+                      "difference": None if grpo is None else round(turn_level.get(best, float("nan")) - grpo, 3),
+                      "ratio": ratio}))
 
 
 def write_table(results: dict, algos: list[str], out: Path) -> str:
@@ -225,7 +239,8 @@ def write_table(results: dict, algos: list[str], out: Path) -> str:
             ett = f"{statistics.mean(reached):.0f} ({len(reached)}/{len(eps)})" if reached else f"- (0/{len(eps)})"
             cells.append(f"{m:.2f} ± {sd:.2f}, {ett}")
         best = max(means, key=means.get)
-        lines.append(f"| {h['locks']} | {h['max_turns']} | {h['warm_start_pass_rate']:.2f} | " + " | ".join(cells) + f" | {best} |")
+        lines.append(f"| {h['locks']} | {h['max_turns']} | {h['warm_start_pass_rate']:.2f} | " + " | ".join(cells)
+                     + f" | {best} |")
     text = ("Final held-out pass rate, mean ± std over seeds; then episodes to reach halfway from the warm start to 1 "
             "(mean over the seeds that reached it, and how many did).\n\n" + "\n".join(lines) + "\n")
     (out / "table.md").write_text(text)

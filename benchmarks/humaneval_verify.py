@@ -29,8 +29,10 @@ def timed(verifier: CodeVerifier, tasks: list, answers: list, workers: int) -> t
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workers", type=int, default=4, help="pool threads (process start-up is partly I/O, so a little above the core count helps)")
-    ap.add_argument("--nulls", action="store_true", help="also check that the three null solutions score 0.0 on every task")
+    ap.add_argument("--workers", type=int, default=4, help="pool threads (process start-up is partly I/O, so a little "
+                    "above the core count helps)")
+    ap.add_argument("--nulls", action="store_true", help="also check that the three null solutions score 0.0 on every "
+                    "task")
     args = ap.parse_args()
 
     sandbox = LocalSandbox()
@@ -51,18 +53,22 @@ def main() -> int:
 
     n = len(tasks)
     ratio = serial_s / pool_s
-    print(f"{n} HumanEval canonical solutions, {os.cpu_count()} cores, isolation complete: {sandbox.isolation.complete}")
+    print(f"{n} HumanEval canonical solutions, {os.cpu_count()} cores, isolation complete: "
+          f"{sandbox.isolation.complete}")
     print(f"  one at a time : {serial_s:6.2f} s  {n / serial_s:6.1f} tasks/s")
     print(f"  pool of {args.workers:<5} : {pool_s:6.2f} s  {n / pool_s:6.1f} tasks/s")
     print(f"  ratio (pool / one at a time): {ratio:.2f}x")
-    print(f"  canonical scoring 1.0: {2 * n - len(failures)}/{2 * n}" + (f"; null solutions max score: {null_max}" if args.nulls else ""))
+    print(f"  canonical scoring 1.0: {2 * n - len(failures)}/{2 * n}"
+          + (f"; null solutions max score: {null_max}" if args.nulls else ""))
     for tid, reason in failures[:10]:
         print(f"  FAILED {tid}: {reason}")
     print(json.dumps({
         "benchmark": "humaneval_verify", "tasks": n, "cores": os.cpu_count(), "workers": args.workers,
         "serial_seconds": round(serial_s, 3), "pool_seconds": round(pool_s, 3),
-        "serial_tasks_per_s": round(n / serial_s, 2), "pool_tasks_per_s": round(n / pool_s, 2), "ratio": round(ratio, 3),
-        "canonical_all_pass": not failures, "null_max_score": null_max, "isolation_complete": sandbox.isolation.complete,
+        "serial_tasks_per_s": round(n / serial_s, 2), "pool_tasks_per_s": round(n / pool_s, 2),
+        "ratio": round(ratio, 3),
+        "canonical_all_pass": not failures, "null_max_score": null_max,
+        "isolation_complete": sandbox.isolation.complete,
     }))
     return 0 if not failures and (null_max in (None, 0.0)) else 1
 

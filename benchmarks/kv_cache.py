@@ -125,7 +125,8 @@ def main() -> None:
     cached = min(run(TorchEngine)[0] for _ in range(args.repeats))
     reenc_t, reenc_eps = min((run(ReencodeEngine) for _ in range(args.repeats)), key=lambda x: x[0])
     _, cached_eps = run(TorchEngine)
-    lp_diff = max(abs(a - b) for x, y in zip(cached_eps, reenc_eps) for s, t in zip(x.turns, y.turns) for a, b in zip(s.logprobs, t.logprobs))
+    lp_diff = max(abs(a - b) for x, y in zip(cached_eps, reenc_eps) for s, t in zip(x.turns, y.turns) for a,
+                  b in zip(s.logprobs, t.logprobs))
     turns = sum(e.num_turns for e in recorded) / len(recorded)
     result = {
         "benchmark": "kv_cache_across_turns",
@@ -142,8 +143,9 @@ def main() -> None:
         "ratio": round(reenc_t / cached, 3),
     }
     print(f"{args.episodes} Vault episodes at {args.locks} locks ({turns:.0f} turns each): KV cache kept across turns "
-          f"{result['cached_tokens_per_s']:.0f} action tokens/s, re-encoding each turn {result['reencode_tokens_per_s']:.0f} tokens/s "
-          f"-> {result['ratio']:.2f}x (log-probs agree to {lp_diff:.1e})")
+          f"{result['cached_tokens_per_s']:.0f} action tokens/s, re-encoding each turn "
+          f"{result['reencode_tokens_per_s']:.0f} tokens/s -> {result['ratio']:.2f}x (log-probs agree to "
+          f"{lp_diff:.1e})")
     print(json.dumps(result))
 
 

@@ -49,9 +49,11 @@ def worker(args: argparse.Namespace) -> None:
     from agentrl.trainer import Trainer
 
     out = Path(args.out)
-    cfg = TrainConfig(env={"kwargs": {"locks": 1}}, model=args.model, updates=args.updates, out=str(out / f"lora{args.lora_r}"),
+    cfg = TrainConfig(env={"kwargs": {"locks": 1}}, model=args.model, updates=args.updates,
+                      out=str(out / f"lora{args.lora_r}"),
                       rollout={"groups": 4, "group_size": 4, "sampling": {"max_new_tokens": 24}},
-                      eval={"episodes": 4, "every": 0}, optim={"lora": {"r": args.lora_r}, "minibatches": 1, "micro_batch_tokens": args.micro_batch_tokens})
+                      eval={"episodes": 4, "every": 0}, optim={"lora": {"r": args.lora_r}, "minibatches": 1,
+                                                               "micro_batch_tokens": args.micro_batch_tokens})
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     trainer = Trainer(cfg, monitor=Monitor(Path(cfg.out), total=cfg.updates, console=Console(quiet=True)))
     # an untrained model fails every episode (no advantage, no update): the update here uses the
@@ -70,7 +72,8 @@ def worker(args: argparse.Namespace) -> None:
         "adapters": _bytes(p for n, p in model.named_parameters() if "lora_" in n),
         "reference": _bytes(trainer.reference.parameters()) if trainer.reference is not None else 0,
         "grads": _bytes(trainer.trainable),  # freed after each step; the next backward needs them again
-        "moments": _bytes(t for st in inner.state.values() for t in st.values() if isinstance(t, torch.Tensor) and t.dim() > 0),
+        "moments": _bytes(t for st in inner.state.values() for t in st.values() if isinstance(t, torch.Tensor)
+                          and t.dim() > 0),
         "trained_params": sum(p.numel() for p in trainer.trainable),
         "params": sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n),
     }
@@ -88,7 +91,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--lora-r", type=int, default=16)
     ap.add_argument("--updates", type=int, default=2)
-    ap.add_argument("--micro-batch-tokens", type=int, default=1024, help="padded tokens per forward (bounds the activations)")
+    ap.add_argument("--micro-batch-tokens", type=int, default=1024, help="padded tokens per forward (bounds the "
+                    "activations)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--model", help=argparse.SUPPRESS)  # worker mode
     args = ap.parse_args()
@@ -101,7 +105,8 @@ def main() -> None:
 
     out = Path(args.out or tempfile.mkdtemp(prefix="lora-memory-"))
     model_dir = out / "model"
-    cfg = TinyModelConfig(hidden_size=args.hidden, intermediate_size=int(args.hidden * 2.7), num_hidden_layers=args.layers,
+    cfg = TinyModelConfig(hidden_size=args.hidden, intermediate_size=int(args.hidden * 2.7),
+                          num_hidden_layers=args.layers,
                           num_attention_heads=max(2, args.hidden // 64), num_key_value_heads=max(1, args.hidden // 128))
     build_tiny_policy(expert_texts(make("agentrl/Vault-v0", locks=1), range(200), noise=0.3), model_dir, cfg, seed=0)
     results = {}
@@ -116,14 +121,18 @@ def main() -> None:
     print(f"model: {full['params'] / 1e6:.1f}M parameters ({full['weights_mb']:.0f} MB fp32); LoRA rank {args.lora_r}: "
           f"{lora['trained_params'] / 1e6:.2f}M trained")
     print(f"{'':18s}{'full':>10s}{'LoRA':>10s}")
-    for key, label in [("training_state_mb", "training state"), ("reference_mb", "  reference"), ("optimizer_mb", "  AdamW moments"),
+    for key, label in [("training_state_mb", "training state"), ("reference_mb", "  reference"),
+                       ("optimizer_mb", "  AdamW moments"),
                        ("peak_rss_mb", "peak resident")]:
         print(f"{label:18s}{full[key]:>8.0f}MB{lora[key]:>8.0f}MB")
-    print(json.dumps({"benchmark": "lora_memory", "params": full["params"], "lora_r": args.lora_r, "trained_params_lora": lora["trained_params"],
-                      "training_state_mb_full": round(full["training_state_mb"], 1), "training_state_mb_lora": round(lora["training_state_mb"], 1),
+    print(json.dumps({"benchmark": "lora_memory", "params": full["params"], "lora_r": args.lora_r,
+                      "trained_params_lora": lora["trained_params"],
+                      "training_state_mb_full": round(full["training_state_mb"], 1),
+                      "training_state_mb_lora": round(lora["training_state_mb"], 1),
                       "peak_rss_mb_full": round(full["peak_rss_mb"]), "peak_rss_mb_lora": round(lora["peak_rss_mb"]),
                       "state_ratio": round(full["training_state_mb"] / max(lora["training_state_mb"], 1e-9), 2),
-                      "ratio": round(full["peak_rss_mb"] / lora["peak_rss_mb"], 3), "machine": f"{os.cpu_count()} CPU cores"}))
+                      "ratio": round(full["peak_rss_mb"] / lora["peak_rss_mb"], 3), "machine": f"{os.cpu_count()} CPU "
+                      "cores"}))
 
 
 if __name__ == "__main__":

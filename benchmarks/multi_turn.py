@@ -114,7 +114,8 @@ def main() -> None:
     ap.add_argument("--out", default="/tmp/agentrl-bench-multi-turn")
     args = ap.parse_args()
 
-    build_tiny_policy(expert_texts(make("agentrl/Vault-v0", locks=4, slack=0), range(200), noise=0.3), args.out, MODEL, seed=0)
+    build_tiny_policy(expert_texts(make("agentrl/Vault-v0", locks=4, slack=0), range(200), noise=0.3), args.out, MODEL,
+                      seed=0)
     policy = Policy.load(args.out)
     policy.model.eval()
     seeds = list(range(args.episodes))
@@ -133,21 +134,26 @@ def main() -> None:
         eng, base = statistics.median(secs["engine"]), statistics.median(secs["baseline"])
         row = {
             "locks": locks, "turns": 2 * locks,
-            "engine_episodes_per_s": round(args.episodes / eng, 2), "baseline_episodes_per_s": round(args.episodes / base, 2),
-            "engine_s_per_episode": round(eng / args.episodes, 4), "baseline_s_per_episode": round(base / args.episodes, 4),
+            "engine_episodes_per_s": round(args.episodes / eng, 2),
+            "baseline_episodes_per_s": round(args.episodes / base, 2),
+            "engine_s_per_episode": round(eng / args.episodes, 4),
+            "baseline_s_per_episode": round(base / args.episodes, 4),
             "engine_tokens_per_episode": round(statistics.mean(tokens["engine"]), 1),
             "baseline_tokens_per_episode": round(statistics.mean(tokens["baseline"]), 1),
             "engine_s": [round(s, 3) for s in secs["engine"]], "baseline_s": [round(s, 3) for s in secs["baseline"]],
             "ratio": round(base / eng, 2),
         }
         rows.append(row)
-        print(f"{row['turns']:3d} turns: engine {row['engine_episodes_per_s']:7.2f} episodes/s ({row['engine_s_per_episode']:.3f} s/episode), "
-              f"generate() per turn {row['baseline_episodes_per_s']:7.2f} episodes/s ({row['baseline_s_per_episode']:.3f} s/episode) "
-              f"-> {row['ratio']:.2f}x; tokens/episode {row['engine_tokens_per_episode']:.0f} vs {row['baseline_tokens_per_episode']:.0f}",
+        print(f"{row['turns']:3d} turns: engine {row['engine_episodes_per_s']:7.2f} episodes/s "
+              f"({row['engine_s_per_episode']:.3f} s/episode), generate() per turn "
+              f"{row['baseline_episodes_per_s']:7.2f} episodes/s ({row['baseline_s_per_episode']:.3f} s/episode) -> "
+              f"{row['ratio']:.2f}x; tokens/episode {row['engine_tokens_per_episode']:.0f} vs "
+              f"{row['baseline_tokens_per_episode']:.0f}",
               flush=True)
 
     turns = np.log([r["turns"] for r in rows])
-    exponent = {side: float(np.polyfit(turns, np.log([r[f"{side}_s_per_episode"] for r in rows]), 1)[0]) if len(rows) > 1 else None
+    exponent = {side: float(np.polyfit(turns, np.log([r[f"{side}_s_per_episode"] for r in rows]), 1)[0])
+                if len(rows) > 1 else None
                  for side in ("engine", "baseline")}
     result = {
         "benchmark": "multi_turn",
@@ -164,7 +170,8 @@ def main() -> None:
         "ratio": rows[-1]["ratio"],
     }
     if exponent["engine"] is not None:
-        print(f"time per episode ~ turns^k: engine k = {exponent['engine']:.2f}, baseline k = {exponent['baseline']:.2f}")
+        print(f"time per episode ~ turns^k: engine k = {exponent['engine']:.2f}, baseline k = "
+              f"{exponent['baseline']:.2f}")
     print(json.dumps(result))
 
 

@@ -29,7 +29,8 @@ from pathlib import Path
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("sweep", help="a sweep.json written by benchmarks/horizon_sweep.py")
-    ap.add_argument("--groups", type=int, default=8, help="tasks the probe rolls out per horizon (x the sweep's group size)")
+    ap.add_argument("--groups", type=int, default=8, help="tasks the probe rolls out per horizon (x the sweep's group "
+                    "size)")
     ap.add_argument("--out", default="runs/probe-vs-sweep", help="a horizon report per horizon")
     args = ap.parse_args()
 
@@ -58,9 +59,11 @@ def main() -> None:
         env_kw = {"locks": locks, "slack": h["slack"]}
         # the sweep's warm start, argument for argument (benchmarks/horizon_sweep.py, main)
         cfg = TrainConfig(env={"id": "agentrl/Vault-v0", "kwargs": env_kw}, tiny=tiny,
-                          sft={"episodes": h["demos"], "epochs": 4, "noise": h["noise"], "batch_size": h.get("sft_batch", 32)},
+                          sft={"episodes": h["demos"], "epochs": 4, "noise": h["noise"],
+                               "batch_size": h.get("sft_batch", 32)},
                           rollout={"groups": sargs.get("groups", 4), "group_size": sargs.get("group_size", 8)},
-                          eval={"episodes": sargs.get("eval_episodes", 128), "every": 0}, updates=sargs.get("updates", 20))
+                          eval={"episodes": sargs.get("eval_episodes", 128), "every": 0},
+                          updates=sargs.get("updates", 20))
         folder = warm_start(cfg.env.id, env_kw, tiny, cfg.sft, seed=0)
         t1 = time.perf_counter()
         result = probe_env(cfg, groups=args.groups, policy=Policy.load(folder), thresholds=th)
@@ -68,28 +71,38 @@ def main() -> None:
         m = measured[locks]
         rec = result.recommendation
         s = result.stats
-        rows.append({"locks": locks, "max_turns": h["max_turns"], "turns_median": s.turns_median, "turns_p90": s.turns_p90,
-                     "zero_adv_frac": s.zero_adv_frac, "value_r2": s.value_r2, "concentration": s.value_change_concentration,
+        rows.append({"locks": locks, "max_turns": h["max_turns"], "turns_median": s.turns_median,
+                     "turns_p90": s.turns_p90,
+                     "zero_adv_frac": s.zero_adv_frac, "value_r2": s.value_r2,
+                     "concentration": s.value_change_concentration,
                      "uniform_share": s.uniform_share, "rule": rec.rule, "recommended": rec.algo, "best": m.best,
-                     "best_mean": m.means[m.best], "recommended_mean": m.means.get(rec.algo), "spread": m.spread, "within": m.within,
+                     "best_mean": m.means[m.best], "recommended_mean": m.means.get(rec.algo), "spread": m.spread,
+                     "within": m.within,
                      "agree": rec.algo in m.within, "probe_s": round(time.perf_counter() - t1, 1)})
-        print(f"[locks {locks}] probe: {rec.algo} ({rec.rule}); sweep best {m.best}, within spread {m.within}", flush=True)
+        print(f"[locks {locks}] probe: {rec.algo} ({rec.rule}); sweep best {m.best}, within spread {m.within}",
+              flush=True)
 
-    table = Table(title=f"probe vs sweep ({path}, thresholds: cut-off {th.horizon_cutoff}, candidates {th.turn_level_candidates})")
-    for col in ("locks", "max turns", "median turns", "zero-adv", "value R²", "conc / uniform", "rule", "probe picks", "sweep best", "within spread", "agree"):
+    table = Table(title=f"probe vs sweep ({path}, thresholds: cut-off {th.horizon_cutoff}, candidates "
+                  f"{th.turn_level_candidates})")
+    for col in ("locks", "max turns", "median turns", "zero-adv", "value R²", "conc / uniform", "rule", "probe picks",
+                "sweep best", "within spread", "agree"):
         table.add_column(col)
     for r in rows:
         r2 = "-" if r["value_r2"] is None else f"{r['value_r2']:.2f}"
         conc = "-" if r["concentration"] is None else f"{r['concentration']:.2f} / {r['uniform_share']:.2f}"
-        table.add_row(str(r["locks"]), str(r["max_turns"]), f"{r['turns_median']:g}", f"{r['zero_adv_frac']:.2f}", r2, conc, r["rule"],
-                      r["recommended"], f"{r['best']} ({r['best_mean']:.2f} ± {r['spread']:.2f})", ", ".join(r["within"]),
+        table.add_row(str(r["locks"]), str(r["max_turns"]), f"{r['turns_median']:g}", f"{r['zero_adv_frac']:.2f}", r2,
+                      conc, r["rule"],
+                      r["recommended"], f"{r['best']} ({r['best_mean']:.2f} ± {r['spread']:.2f})",
+                      ", ".join(r["within"]),
                       "yes" if r["agree"] else "NO")
     Console(width=200).print(table)
     agree = sum(r["agree"] for r in rows)
     print(json.dumps({"benchmark": "probe_vs_sweep", "sweep": str(path), "sweep_started": sweep.get("started"),
-                      "horizon_cutoff": th.horizon_cutoff, "candidates": th.turn_level_candidates, "horizons": len(rows), "agree": agree,
+                      "horizon_cutoff": th.horizon_cutoff, "candidates": th.turn_level_candidates,
+                      "horizons": len(rows), "agree": agree,
                       "ratio": round(agree / len(rows), 3) if rows else None, "wall_s": round(time.perf_counter() - t0),
-                      "per_horizon": [{k: r[k] for k in ("locks", "turns_median", "rule", "recommended", "best", "within", "agree")} for r in rows]}))
+                      "per_horizon": [{k: r[k] for k in ("locks", "turns_median", "rule", "recommended", "best",
+                                                         "within", "agree")} for r in rows]}))
 
 
 if __name__ == "__main__":

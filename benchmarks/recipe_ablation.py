@@ -50,18 +50,21 @@ def main() -> None:
             row = {"seed": seed, "sft": stages[0]["held_out_pass_rate"], "final": stages[-1]["held_out_pass_rate"],
                    "stages": stages, "wall_s": round(time.perf_counter() - t1, 1)}
             results["arms"].setdefault(arm, []).append(row)
-            print(f"{arm:14s} seed {seed}: sft {row['sft']:.3f} -> final {row['final']:.3f} ({row['wall_s']:.0f}s)", flush=True)
+            print(f"{arm:14s} seed {seed}: sft {row['sft']:.3f} -> final {row['final']:.3f} ({row['wall_s']:.0f}s)",
+                  flush=True)
             (out / "ablation.json").parent.mkdir(parents=True, exist_ok=True)
             (out / "ablation.json").write_text(json.dumps(results, indent=1))
     results["wall_s"] = round(time.perf_counter() - t0)
     (out / "ablation.json").write_text(json.dumps(results, indent=1))
-    lines = ["| arm | held-out pass rate after SFT | final held-out pass rate (mean ± std) | seeds |", "|---|---|---|---|"]
+    lines = ["| arm | held-out pass rate after SFT | final held-out pass rate (mean ± std) | seeds |",
+             "|---|---|---|---|"]
     means = {}
     for arm, rows in results["arms"].items():
         finals = [r["final"] for r in rows]
         means[arm] = statistics.mean(finals)
         sd = statistics.stdev(finals) if len(finals) > 1 else 0.0
-        lines.append(f"| {arm} | {statistics.mean(r['sft'] for r in rows):.3f} | {means[arm]:.3f} ± {sd:.3f} | {len(rows)} |")
+        lines.append(f"| {arm} | {statistics.mean(r['sft'] for r in rows):.3f} | {means[arm]:.3f} ± {sd:.3f} | "
+                     f"{len(rows)} |")
     table = "\n".join(lines)
     (out / "table.md").write_text(table + "\n")
     print(table)

@@ -129,8 +129,8 @@ def main() -> None:
         "ratio": round(tps["engine"] / tps["plain"], 3),
     }
     print(f"{policy.num_parameters / 1e6:.2f}M-parameter Llama, batch {args.batch}, {args.prompt_len}-token prompts, "
-          f"{args.new_tokens} new tokens, median of {args.repeats}: engine {tps['engine']:.0f} tokens/s, plain cached loop "
-          f"{tps['plain']:.0f}, generate() {tps['generate']:.0f} -> engine/plain {result['ratio']:.2f}x, "
+          f"{args.new_tokens} new tokens, median of {args.repeats}: engine {tps['engine']:.0f} tokens/s, plain cached "
+          f"loop {tps['plain']:.0f}, generate() {tps['generate']:.0f} -> engine/plain {result['ratio']:.2f}x, "
           f"engine/generate {result['ratio_engine_generate']:.2f}x")
     print(json.dumps(result))
 

@@ -177,7 +177,8 @@ class Turns:
 # -- agentrl ------------------------------------------------------------------------------------
 
 
-def agentrl_trainer(model_dir: Path, args: argparse.Namespace, out: Path, turns: Turns) -> tuple[Any, list[dict[str, Any]]]:
+def agentrl_trainer(model_dir: Path, args: argparse.Namespace, out: Path,
+                    turns: Turns) -> tuple[Any, list[dict[str, Any]]]:
     """agentrl's real Trainer; its monitor hands the turn over each time an update's row arrives."""
     from rich.console import Console
 
@@ -209,7 +210,8 @@ def agentrl_trainer(model_dir: Path, args: argparse.Namespace, out: Path, turns:
         eval={"episodes": 1, "every": 0},
     )
     out.mkdir(parents=True, exist_ok=True)
-    monitor = TurnMonitor(out, total=cfg.updates, console=Console(file=io.StringIO(), width=200))  # silent, as TRL's below
+    # silent, as TRL's below
+    monitor = TurnMonitor(out, total=cfg.updates, console=Console(file=io.StringIO(), width=200))
     return Trainer(cfg, monitor=monitor), rows
 
 
@@ -273,13 +275,15 @@ def trl_trainer(model_dir: Path, args: argparse.Namespace, out: Path, turns: Tur
         report_to=[],
         use_cpu=True,
         bf16=False,
-        activation_checkpointing=False,  # TRL defaults to on (its old name, gradient_checkpointing); agentrl never checkpoints
+        # TRL defaults to on (its old name, gradient_checkpointing); agentrl never checkpoints
+        activation_checkpointing=False,
         save_strategy="no",
         disable_tqdm=True,
         seed=args.seed,
         dataloader_num_workers=0,
     )
-    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=reward, args=config, train_dataset=data, callbacks=[TurnCallback()])
+    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=reward, args=config, train_dataset=data,
+                          callbacks=[TurnCallback()])
     trainer.remove_callback(PrinterCallback)  # silent, as agentrl's console is here
     generate, generate_s = trainer._generate_single_turn, []
 
@@ -295,7 +299,8 @@ def trl_trainer(model_dir: Path, args: argparse.Namespace, out: Path, turns: Tur
         raise RuntimeError(f"TRL stops at {trainer.eos_token_ids}, agentrl at {chat.stop_ids}")
     dtype = next(trainer.model.parameters()).dtype
     if dtype != torch.float32 or trainer.model.is_activation_checkpointing:
-        raise RuntimeError(f"TRL's model is not as configured: {dtype}, checkpointing {trainer.model.is_activation_checkpointing}")
+        raise RuntimeError(f"TRL's model is not as configured: {dtype}, checkpointing "
+                           f"{trainer.model.is_activation_checkpointing}")
     return trainer, step_logs
 
 
@@ -317,7 +322,8 @@ def run_both(model_dir: Path, args: argparse.Namespace, work: Path) -> dict[str,
         finally:
             turns.finish(name)
 
-    threads = [threading.Thread(target=run, args=("agentrl", a_trainer.train)), threading.Thread(target=run, args=("trl", t_trainer.train))]
+    threads = [threading.Thread(target=run, args=("agentrl", a_trainer.train)),
+               threading.Thread(target=run, args=("trl", t_trainer.train))]
     for th in threads:
         th.start()
     for th in threads:
@@ -354,7 +360,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--group-size", type=int, default=8, help="completions per prompt (G)")
     ap.add_argument("--max-new-tokens", type=int, default=32, help="completion length cap (L)")
     ap.add_argument("--kl-coef", type=float, default=0.04,
-                    help="beta for both; > 0 so that both compute the reference log-probs (agentrl always does, TRL only when beta > 0)")
+                    help="beta for both; > 0 so that both compute the reference log-probs (agentrl always does, TRL "
+                    "only when beta > 0)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch.set_num_threads for both sides")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="work folder (model, runs); default: a fresh temporary folder")
@@ -382,7 +389,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         s = statistics.median(r["wall"])
         return {"s_per_update": round(s, 3), "episodes_per_s": round(episodes / s, 2),
                 "s_per_update_mean": round(statistics.mean(r["wall"]), 3), "s_per_update_min": round(min(r["wall"]), 3),
-                "updates_s": [round(x, 3) for x in r["wall"]], "cpu_s_per_update": round(statistics.median(r["cpu"]), 3),
+                "updates_s": [round(x, 3) for x in r["wall"]],
+                "cpu_s_per_update": round(statistics.median(r["cpu"]), 3),
                 "sampling_s": round(statistics.median(r["sampling_s"]), 3),
                 "mean_completion_tokens": round(r["completion_len"], 2), "reward_mean": round(r["reward_mean"], 4)}
 
@@ -403,30 +411,37 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "max_new_tokens": args.max_new_tokens,
         "timed_updates": args.updates,
         "kl_coef": args.kl_coef,
-        "model": {**MODEL.model_dump(), "vocab_tokens": len(AutoTokenizer.from_pretrained(model_dir)), "parameters": a["parameters"],
+        "model": {**MODEL.model_dump(), "vocab_tokens": len(AutoTokenizer.from_pretrained(model_dir)),
+                  "parameters": a["parameters"],
                   "trained": False},
         "trl_version": trl.__version__,
         "torch_version": torch.__version__,
         "transformers_version": __import__("transformers").__version__,
-        "machine": {"cpu_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
+        "machine": {"cpu_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                    "platform": platform.platform(),
                     "processor": platform.processor() or platform.machine(),
                     # other processes on the machine skew both sides; a load well above the cores says so
                     "loadavg_1min_before_after": [round(load_before, 2), round(load_after, 2)]},
-        "command": "python " + " ".join(shlex.quote(x) for x in [os.path.relpath(sys.argv[0]), *(sys.argv[1:] if argv is None else argv)]),
+        "command": "python "
+        + " ".join(shlex.quote(x) for x in [os.path.relpath(sys.argv[0]), *(sys.argv[1:] if argv is None else argv)]),
         "work_dir": str(work),
     }
-    print(f"\nOne GRPO update, {args.prompts} prompts x {args.group_size} = {episodes} episodes, up to {args.max_new_tokens} tokens, "
-          f"{a['parameters'] / 1e6:.2f}M-parameter Llama (untrained), {torch.get_num_threads()} threads, "
-          f"{args.updates} timed updates each, taking turns, after 1 warm-up; load average {load_before:.1f} -> {load_after:.1f}")
-    print(f"{'':10} {'s/update':>9} {'(min)':>7} {'episodes/s':>11} {'CPU s/update':>13} {'sampling s':>11} {'mean completion':>16} {'reward':>8}")
+    print(f"\nOne GRPO update, {args.prompts} prompts x {args.group_size} = {episodes} episodes, up to "
+          f"{args.max_new_tokens} tokens, {a['parameters'] / 1e6:.2f}M-parameter Llama (untrained), "
+          f"{torch.get_num_threads()} threads, {args.updates} timed updates each, taking turns, after 1 warm-up; load "
+          f"average {load_before:.1f} -> {load_after:.1f}")
+    print(f"{'':10} {'s/update':>9} {'(min)':>7} {'episodes/s':>11} {'CPU s/update':>13} {'sampling s':>11} "
+          f"{'mean completion':>16} {'reward':>8}")
     for name, s in (("agentrl", sa), (f"TRL {trl.__version__}", st)):
-        print(f"{name:10} {s['s_per_update']:9.2f} {s['s_per_update_min']:7.2f} {s['episodes_per_s']:11.1f} {s['cpu_s_per_update']:13.2f} "
-              f"{s['sampling_s']:11.2f} {s['mean_completion_tokens']:16.1f} {s['reward_mean']:8.4f}")
+        print(f"{name:10} {s['s_per_update']:9.2f} {s['s_per_update_min']:7.2f} {s['episodes_per_s']:11.1f} "
+              f"{s['cpu_s_per_update']:13.2f} {s['sampling_s']:11.2f} {s['mean_completion_tokens']:16.1f} "
+              f"{s['reward_mean']:8.4f}")
     print("(sampling s: agentrl's rollout incl. env steps and the Parquet write; TRL's model.generate() call; medians)")
-    print(f"ratio (TRL s/update / agentrl s/update, medians): {result['ratio']:.2f}x  (fastest updates: {result['ratio_min']:.2f}x, "
-          f"CPU seconds: {result['ratio_cpu']:.2f}x)")
+    print(f"ratio (TRL s/update / agentrl s/update, medians): {result['ratio']:.2f}x  (fastest updates: "
+          f"{result['ratio_min']:.2f}x, CPU seconds: {result['ratio_cpu']:.2f}x)")
     if a["skipped"]:
-        print(f"NOT LIKE FOR LIKE: {a['skipped']} timed agentrl update(s) had no reward variance and skipped the optimizer step")
+        print(f"NOT LIKE FOR LIKE: {a['skipped']} timed agentrl update(s) had no reward variance and skipped the "
+              "optimizer step")
     print(json.dumps(result))
     return result
 
