@@ -13,7 +13,8 @@ from agentrl.stages.sft import expert_texts
 # keep warm-start caches of the tests out of the user's cache
 os.environ.setdefault("AGENTRL_CACHE", os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "agentrl"))
 
-MICRO = TinyModelConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+MICRO = TinyModelConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        num_key_value_heads=1,
                         max_position_embeddings=512, vocab_size=400)
 
 

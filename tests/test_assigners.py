@@ -19,7 +19,8 @@ S = 2 ** -0.5  # |A_i| of a two-episode group with rewards 1 and 0, std-normalis
 
 
 def episode(reward, group=0, n_turns=2, step=None, keys=None, truncated=False, action_len=2):
-    ep = Episode(prompt_ids=[1], reward=reward, group_id=group, truncated=truncated, terminated=not truncated, env_id="toy")
+    ep = Episode(prompt_ids=[1], reward=reward, group_id=group, truncated=truncated, terminated=not truncated,
+                 env_id="toy")
     ctx = 1
     for k in range(n_turns):
         ep.turns.append(Turn(ctx, [5] * action_len, [-1.0] * action_len, [7], step_reward=(step or [0] * n_turns)[k],
@@ -54,7 +55,8 @@ def close(t, expected, atol=1e-5):
 
 def turn_values(credit, batch):
     """(B, K) advantage of each turn, read back from the token layout (first action token)."""
-    return torch.stack([credit.advantages[b, batch.turn_pos[b].clamp(min=0) + 1] for b in range(batch.size)]) * batch.turn_mask
+    return torch.stack([credit.advantages[b, batch.turn_pos[b].clamp(min=0) + 1]
+                        for b in range(batch.size)]) * batch.turn_mask
 
 
 def assert_observations_zero(credit, batch):

@@ -33,10 +33,12 @@ def build_tokenizer(eos: str = "<|im_end|>"):
     corpus = expert_texts(env, range(40), noise=0.3) + [json.dumps(t) for t in env.tool_schemas()] + [TEMPLATE]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(SPLIT), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        [pre_tokenizers.Split(Regex(SPLIT), behavior="isolated"),
+         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
     )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     tok.train_from_iterator(corpus, trainer=trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
@@ -58,7 +60,8 @@ def chat(tokenizer):
 
 
 def template_ids(tokenizer, messages, tools=None, add_generation_prompt=True) -> list[int]:
-    return list(tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=True,
+    return list(tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                              tokenize=True,
                                               return_dict=False))
 
 
@@ -77,7 +80,8 @@ def test_prompt_ids_equal_the_template(tokenizer, chat, system, tools):
     # the template under test is the Hermes one: every tool as a JSON line inside <tools></tools>
     assert ("<tools>\n" + "\n".join(json.dumps(t) for t in tools) + "\n</tools>" in text) == bool(tools)
     if tools and system is None:
-        assert text.startswith("<|im_start|>system\nYou are a helpful assistant.\n\n# Tools")  # the template's default system
+        # the template's default system
+        assert text.startswith("<|im_start|>system\nYou are a helpful assistant.\n\n# Tools")
     if not tools and system is None:
         assert "<|im_start|>system" not in text
 
@@ -120,7 +124,8 @@ def test_scripted_episodes_are_the_template_turn_by_turn(tokenizer, chat):
     script = {0: lambda: envs[0].expert_action(), 1: lambda: HERMES_CALL, 2: lambda: "I am not sure, é → ?"}
     engine = ScriptedEngine(lambda row: chat.action_ids(script[row]()), chat.eos_id)
     episodes, _ = rollout(envs, [3, 3, 4], engine, chat)
-    assert episodes[0].reward == 1.0 and episodes[1].turns[0].malformed == 0 and episodes[2].malformed_calls == episodes[2].num_turns
+    assert episodes[0].reward == 1.0 and episodes[1].turns[0].malformed == 0
+    assert episodes[2].malformed_calls == episodes[2].num_turns
     for env, ep in zip(envs, episodes):
         obs0 = env.reset(seed=ep.seed)[0]
         msgs = [{"role": "system", "content": env.system_prompt}, {"role": "user", "content": obs0}]
@@ -129,4 +134,5 @@ def test_scripted_episodes_are_the_template_turn_by_turn(tokenizer, chat):
         assert ep.token_ids() + ep.turns[-1].obs_ids == template_ids(tokenizer, msgs, env.tool_schemas())
         for t in ep.turns:
             assert chat.decode(t.action_ids) == t.action
-            assert chat.decode(t.obs_ids).endswith(f"<tool_response>\n{t.observation}\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+            want_tail = f"<tool_response>\n{t.observation}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+            assert chat.decode(t.obs_ids).endswith(want_tail)

@@ -126,7 +126,8 @@ def test_cli_rejects_bad_config_before_any_work(tmp_path, capsys):
     assert main(["train", "--set", "rollout.group_sise=3", "--out", str(out)]) == 2
     assert "rollout.group_sise" in capsys.readouterr().err
     assert main(["train", "--algo", "nope", "--out", str(out)]) == 2
-    assert "unknown algorithm 'nope'; known: arpo, gigpo, grpo, steppo, turn-ppo" in " ".join(capsys.readouterr().err.split())
+    err = " ".join(capsys.readouterr().err.split())
+    assert "unknown algorithm 'nope'; known: arpo, gigpo, grpo, steppo, turn-ppo" in err
     assert main(["train", "--env", "agentrl/Nope-v0", "--out", str(out)]) == 2
     assert "unknown environment" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:  # tyro answers a bad flag value itself, on stderr, exit 2
@@ -149,7 +150,8 @@ def test_a_bad_flag_answers_at_once_without_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     wall = time.perf_counter() - t0
     rc, torch_loaded, hf_loaded, inside = out.stdout.split()
-    assert (rc, torch_loaded, hf_loaded) == ("2", "False", "False") and "bad: Extra inputs are not permitted" in out.stderr
+    assert (rc, torch_loaded, hf_loaded) == ("2", "False",
+                                             "False") and "bad: Extra inputs are not permitted" in out.stderr
     assert float(inside) < 1.0 and wall < 3.0, (inside, wall)  # the interpreter's own start-up is most of `wall`
 
 

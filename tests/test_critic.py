@@ -127,7 +127,8 @@ def test_fit_learns_a_linear_value():
 
 def test_head_seed_is_reproducible_and_leaves_the_global_rng_alone():
     state = torch.random.get_rng_state()
-    a, b, c = TurnHead(4, CriticConfig(), seed=1), TurnHead(4, CriticConfig(), seed=1), TurnHead(4, CriticConfig(), seed=2)
+    a, b = TurnHead(4, CriticConfig(), seed=1), TurnHead(4, CriticConfig(), seed=1)
+    c = TurnHead(4, CriticConfig(), seed=2)
     assert torch.equal(state, torch.random.get_rng_state())
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
     assert not torch.equal(a.net[1].weight, c.net[1].weight)
@@ -187,7 +188,8 @@ def hand_episodes() -> list[Episode]:
     ep1 truncated:  [4 5] a[13] (o[23 24 25] is the state it stopped in)
     ep2 truncated:  [6] a[14 15] o[26] a[16] (o[27 28])"""
     return [
-        Episode([1, 2, 3], [Turn(3, [10, 11], [0.0, 0.0], [20, 21]), Turn(7, [12], [0.0], [22])], reward=1.0, terminated=True),
+        Episode([1, 2, 3], [Turn(3, [10, 11], [0.0, 0.0], [20, 21]), Turn(7, [12], [0.0], [22])], reward=1.0,
+                terminated=True),
         Episode([4, 5], [Turn(2, [13], [0.0], [23, 24, 25])], truncated=True),
         Episode([6], [Turn(1, [14, 15], [0.0, 0.0], [26]), Turn(4, [16], [0.0], [27, 28])], truncated=True),
     ]
@@ -234,7 +236,8 @@ def captured(vault_policy):
     torch.manual_seed(0)
     chat = vault_policy.chat
     envs = [make("agentrl/Vault-v0", locks=2, slack=s) for s in (0, 1, 2, 0, 1, 2)]
-    engine = TorchEngine(vault_policy.model, SamplingConfig(max_new_tokens=12), chat.stop_ids, chat.eos_id, chat.pad_id, seed=3,
+    engine = TorchEngine(vault_policy.model, SamplingConfig(max_new_tokens=12), chat.stop_ids, chat.eos_id, chat.pad_id,
+                         seed=3,
                          capture_hidden=True)
     episodes, _ = rollout(envs, list(range(6)), engine, chat)
     assert len({e.num_turns for e in episodes}) > 1  # rows did leave the batch at different turns
@@ -246,11 +249,13 @@ def test_captured_hidden_state_equals_the_recomputed_one(vault_policy, captured)
     assert batch.turn_hidden is not None and batch.turn_hidden.shape[-1] == vault_policy.model.config.hidden_size
     recomputed = turn_features(replace(batch, turn_hidden=None), vault_policy.model)  # (B, K, H)
     m = batch.turn_mask
-    assert torch.allclose(recomputed[m], batch.turn_hidden[m], atol=1e-4), (recomputed[m] - batch.turn_hidden[m]).abs().max()
+    assert torch.allclose(recomputed[m], batch.turn_hidden[m],
+                          atol=1e-4), (recomputed[m] - batch.turn_hidden[m]).abs().max()
     # the check can tell neighbours apart: the state one token later (after the action's first token)
     # is far from the captured one
     with torch.inference_mode():
-        hs = token_stats(vault_policy.model, batch.input_ids, batch.attention_mask, hidden=True).hidden  # hs[:, t] precedes t
+        # hs[:, t] precedes t
+        hs = token_stats(vault_policy.model, batch.input_ids, batch.attention_mask, hidden=True).hidden
     later = hs.gather(1, (batch.turn_pos + 2).clamp(min=0)[..., None].expand(-1, -1, hs.shape[-1]))
     assert (later[m] - batch.turn_hidden[m]).abs().amax(-1).min() > 1e-2
 
@@ -263,7 +268,8 @@ def test_truncation_bootstrap_is_the_state_the_next_turn_would_read(vault_policy
     rows = batch.truncated.nonzero(as_tuple=True)[0].tolist()
     assert rows  # the untrained policy runs out of turns
     final = final_features(batch, vault_policy.model, chat.pad_id)
-    engine = TorchEngine(vault_policy.model, SamplingConfig(max_new_tokens=1), chat.stop_ids, chat.eos_id, chat.pad_id, seed=0,
+    engine = TorchEngine(vault_policy.model, SamplingConfig(max_new_tokens=1), chat.stop_ids, chat.eos_id, chat.pad_id,
+                         seed=0,
                          capture_hidden=True)
     histories = [captured[b].token_ids() + captured[b].turns[-1].obs_ids for b in rows]
     expected = torch.tensor([g.hidden for g in engine.open(histories).generate()])  # (R, H)

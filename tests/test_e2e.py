@@ -70,7 +70,8 @@ def test_tiny_run_updates_every_parameter_and_writes_the_run_folder(tmp_path, va
     trainer = Trainer(cfg)
     summary = trainer.train()
     after = trainer.policy.model.state_dict()
-    unchanged = [k for k, p in trainer.policy.model.named_parameters() if p.requires_grad and torch.equal(before[k], after[k])]
+    unchanged = [k for k, p in trainer.policy.model.named_parameters() if p.requires_grad
+                 and torch.equal(before[k], after[k])]
     assert unchanged == []
 
     run = tmp_path / "run"
@@ -78,7 +79,8 @@ def test_tiny_run_updates_every_parameter_and_writes_the_run_folder(tmp_path, va
     updates = [r for r in rows if r["step"] >= 1 and not r.get("final")]
     assert [r["step"] for r in updates] == [1, 2]
     for r in updates:
-        for key in ("rollout/pass_rate", "train/entropy", "train/kl", "credit/zero_adv_frac", "train/loss", "train/grad_norm"):
+        for key in ("rollout/pass_rate", "train/entropy", "train/kl", "credit/zero_adv_frac", "train/loss",
+                    "train/grad_norm"):
             assert key in r and r[key] == r[key], key  # present and not NaN
         assert torch.isfinite(torch.tensor(r["train/loss"]))
     assert {"warm_start_pass_rate", "final_pass_rate"} <= set(summary)
@@ -90,9 +92,11 @@ def test_tiny_run_updates_every_parameter_and_writes_the_run_folder(tmp_path, va
 
 def test_raising_verifier_stops_the_run_with_where_and_keeps_the_batch(tmp_path, vault_policy_dir):
     trainer = Trainer(small_config(tmp_path, vault_policy_dir, env="test_e2e:Jammed"))
-    with pytest.raises(EpisodeErrors, match=r"env Jammed, episode 0, turn \d: verify\(\) raised RuntimeError: verifier lost its tests"):
+    with pytest.raises(EpisodeErrors, match=r"env Jammed, episode 0, turn \d: verify\(\) raised RuntimeError: verifier "
+                       r"lost its tests"):
         trainer.train()  # the held-out evaluation before training meets it first
-    with pytest.raises(EpisodeErrors, match=r"8 episode\(s\) errored \(the batch is saved in .*update_00001_0.parquet\)"):
+    with pytest.raises(EpisodeErrors, match=r"8 episode\(s\) errored \(the batch is saved in "
+                       r".*update_00001_0.parquet\)"):
         trainer.collect(1)
     saved = TrajectoryStore.load(tmp_path / "run" / "store")
     assert len(saved) == 8 and all("verifier lost its tests" in e.error for e in saved)

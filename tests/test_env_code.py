@@ -1,4 +1,5 @@
-"""Code-v0 specifics: hidden tests never shown and rotated, a held-out split, the tools. Shared contract: test_env_common.py."""
+"""Code-v0 specifics: hidden tests never shown and rotated, a held-out split, the tools.
+Shared contract: test_env_common.py."""
 
 from __future__ import annotations
 
@@ -44,5 +45,6 @@ def test_run_tests_tool_reports_and_submit_is_judged(env):
     call = '<tool_call>{"name": "run_tests", "arguments": {"code": "    return None\\n"}}</tool_call>'
     obs, *_ = env.step(call)
     assert obs.startswith("visible test failed")
-    obs, reward, terminated, *_ = env.step('<tool_call>{"name": "submit", "arguments": {"code": "    return None\\n"}}</tool_call>')
+    obs, reward, terminated, *_ = env.step('<tool_call>{"name": "submit", "arguments": {"code": "    return '
+                                           'None\\n"}}</tool_call>')
     assert terminated and reward == 0.0

@@ -1,4 +1,5 @@
-"""Math-v0 specifics: an exact, safe calculator; the answer never in the question. Shared contract: test_env_common.py."""
+"""Math-v0 specifics: an exact, safe calculator; the answer never in the question.
+Shared contract: test_env_common.py."""
 
 from __future__ import annotations
 

@@ -45,7 +45,8 @@ def test_group_of_one_gets_its_reward_and_equal_groups_get_zero():
     g = torch.tensor([0, 1, 1, 2, 2, 3, 3])
     A, stats = group_advantages(r, g)
     assert A.tolist() == pytest.approx([0.7, 0, 0, 0, 0, 0, 0])
-    assert (stats["groups"], stats["zero_adv_groups"], stats["all_pass_groups"], stats["all_fail_groups"]) == (4, 3, 1, 1)
+    got = (stats["groups"], stats["zero_adv_groups"], stats["all_pass_groups"], stats["all_fail_groups"])
+    assert got == (4, 3, 1, 1)
     assert stats["zero_adv_frac"] == pytest.approx(0.75)
 
 

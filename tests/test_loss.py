@@ -53,8 +53,10 @@ def test_kl_term_enters_with_beta():
 
 def test_entropy_bonus_lowers_the_loss():
     ent = torch.full((1, 2), 2.0)
-    a, _ = policy_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), LossConfig(), entropy=ent)
-    b, _ = policy_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), LossConfig(entropy_coef=0.1), entropy=ent)
+    a, _ = policy_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), LossConfig(),
+                       entropy=ent)
+    b, _ = policy_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2),
+                       LossConfig(entropy_coef=0.1), entropy=ent)
     assert a.item() - b.item() == pytest.approx(0.2)
 
 

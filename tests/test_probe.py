@@ -139,7 +139,8 @@ def test_ridge_and_cross_validated_r2():
     groups = np.array([i // 2 for i in range(12)])
     assert choose_alpha(x, 2 * x[:, 0], groups, [0.1, 1000.0]) == 0.1  # an exact line: the least penalty
     wide = np.random.default_rng(1).normal(size=(12, 8))
-    assert choose_alpha(wide, np.random.default_rng(2).normal(size=12), groups, [0.1, 1000.0]) == 1000.0  # noise: shrink it all
+    # noise: shrink it all
+    assert choose_alpha(wide, np.random.default_rng(2).normal(size=12), groups, [0.1, 1000.0]) == 1000.0
     assert cv_r2(x, 2 * x[:, 0] + 1, folds, alpha=None, groups=groups)[0] == pytest.approx(1.0, abs=1e-3)
 
 
@@ -190,8 +191,10 @@ def test_value_probe_falls_back_to_cheap_features():
 
 
 def stats(**kw) -> ProbeStats:
-    base = dict(episodes=64, groups=8, pass_rate=0.5, reward_mean=0.5, truncated_frac=0.3, turns_median=20, turns_p90=25, turns_mean=20,
-                action_tokens_mean=100, context_tokens_mean=300, step_reward_density=0.0, zero_adv_frac=0.1, all_pass_frac=0.05,
+    base = dict(episodes=64, groups=8, pass_rate=0.5, reward_mean=0.5, truncated_frac=0.3, turns_median=20,
+                turns_p90=25, turns_mean=20,
+                action_tokens_mean=100, context_tokens_mean=300, step_reward_density=0.0, zero_adv_frac=0.1,
+                all_pass_frac=0.05,
                 all_fail_frac=0.05, reward_std_in_group=0.4, state_recurrence=0.0, value_r2=0.5, value_features="x",
                 value_change_concentration=0.08, uniform_share=0.05, post_obs_entropy=1.0)
     return ProbeStats(**{**base, **kw})
@@ -216,7 +219,9 @@ TH = ProbeThresholds(horizon_cutoff=10, min_budget_episodes=500)
         ({"value_change_concentration": 0.4}, None, TH, "concentrated-value-changes", "arpo"),
         ({}, None, TH, "long-horizon", "turn-ppo"),
         # the sweep left steppo out of the candidates: dense steps no longer pick it
-        ({"step_reward_density": 0.5}, None, TH.model_copy(update={"turn_level_candidates": ["gigpo"], "long_horizon_algo": "gigpo"}), "long-horizon", "gigpo"),
+        ({"step_reward_density": 0.5}, None,
+         TH.model_copy(update={"turn_level_candidates": ["gigpo"], "long_horizon_algo": "gigpo"}), "long-horizon",
+         "gigpo"),
     ],
 )
 def test_rules_first_match_fires(kw, budget, th, rule, algo):
@@ -239,7 +244,8 @@ def sweep(finals: dict[int, dict[str, list[float]]], eval_episodes: int | None =
     """finals[locks][algo] = final pass rate per seed; max_turns = 2 * locks + 1."""
     hs = {}
     for locks, per in finals.items():
-        runs = {f"{a}/{s}": {"algo": a, "seed": s, "final_pass_rate": p, "curve": []} for a, ps in per.items() for s, p in enumerate(ps)}
+        runs = {f"{a}/{s}": {"algo": a, "seed": s, "final_pass_rate": p, "curve": []} for a, ps in per.items() for s,
+                p in enumerate(ps)}
         hs[str(locks)] = {"locks": locks, "max_turns": 2 * locks + 1, "warm_start_pass_rate": 0.4, "runs": runs}
     args = {"locks": list(finals), "updates": 20, "groups": 4, "group_size": 8}
     if eval_episodes:
@@ -249,7 +255,8 @@ def sweep(finals: dict[int, dict[str, list[float]]], eval_episodes: int | None =
 
 def test_thresholds_from_sweep_finds_the_crossover():
     s = sweep({1: {"grpo": [0.8, 0.9], "gigpo": [0.85, 0.85], "arpo": [0.7, 0.8]},      # 3 turns: ties
-               3: {"grpo": [0.5, 0.6], "gigpo": [0.55, 0.6], "arpo": [0.5, 0.5]},      # 7 turns: gigpo +0.025, spread ~0.06
+               # 7 turns: gigpo +0.025, spread ~0.06
+               3: {"grpo": [0.5, 0.6], "gigpo": [0.55, 0.6], "arpo": [0.5, 0.5]},
                8: {"grpo": [0.3, 0.4], "gigpo": [0.6, 0.7], "arpo": [0.55, 0.65]}})    # 17 turns: gigpo +0.3
     t = thresholds_from_sweep(s, source="test")
     assert t.horizon_cutoff == (7 + 17) / 2
@@ -264,7 +271,8 @@ def test_thresholds_from_sweep_finds_the_crossover():
 
 
 def test_thresholds_from_sweep_without_crossover_never_picks_turn_level():
-    t = thresholds_from_sweep(sweep({1: {"grpo": [0.8, 0.9], "arpo": [0.8, 0.85]}, 8: {"grpo": [0.5, 0.7], "arpo": [0.55, 0.65]}}))
+    t = thresholds_from_sweep(sweep({1: {"grpo": [0.8, 0.9], "arpo": [0.8, 0.85]},
+                                     8: {"grpo": [0.5, 0.7], "arpo": [0.55, 0.65]}}))
     assert t.horizon_cutoff is None and t.turn_level_candidates == []
     assert "no horizon where a turn-level assigner beat grpo" in t.derivation
     rec, _ = recommend(stats(turns_median=500), t)
@@ -362,7 +370,8 @@ def test_learning_slope():
 
 def test_cli_probe_store(tmp_path, capsys):
     synthetic_store().save(tmp_path / "s.parquet")
-    rc = main(["probe", "--store", str(tmp_path / "s.parquet"), "--out", str(tmp_path / "rep"), "--threshold", "horizon_cutoff=2",
+    rc = main(["probe", "--store", str(tmp_path / "s.parquet"), "--out", str(tmp_path / "rep"), "--threshold",
+               "horizon_cutoff=2",
                "--threshold", "min_episodes=8"])
     out = capsys.readouterr().out
     assert rc == 0 and "recommended assigner" in out and "turn-value probe" in out
@@ -395,7 +404,8 @@ def test_bakeoff_runs_each_assigner_from_the_same_start(vault_policy_dir, tmp_pa
     from agentrl.config import TrainConfig
     from agentrl.probe import bakeoff
 
-    cfg = TrainConfig(env={"id": "agentrl/Vault-v0", "kwargs": {"locks": 1, "slack": 1}}, model=str(vault_policy_dir), device="cpu",
+    cfg = TrainConfig(env={"id": "agentrl/Vault-v0", "kwargs": {"locks": 1, "slack": 1}}, model=str(vault_policy_dir),
+                      device="cpu",
                       rollout={"groups": 1, "group_size": 2, "sampling": {"max_new_tokens": 8}}, eval={"episodes": 2})
     runs = bakeoff(cfg, ["grpo", "gigpo"], updates=2, out=tmp_path, eval_episodes=2, say=lambda _: None)
     assert [r.algo for r in runs] == ["grpo", "gigpo"]

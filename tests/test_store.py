@@ -9,7 +9,8 @@ from agentrl.store import StoreError, TrajectoryStore, make_batch
 
 
 def episodes():
-    a = Episode([1, 2], [Turn(2, [3, 4], [-0.25, -0.5], [5], "act", "obs", 0.5, "(1, True)", 1), Turn(7, [6], [-1.0], [], "a2", "o2")],
+    a = Episode([1, 2], [Turn(2, [3, 4], [-0.25, -0.5], [5], "act", "obs", 0.5, "(1, True)", 1),
+                         Turn(7, [6], [-1.0], [], "a2", "o2")],
                 reward=1.0, terminated=True, env_id="agentrl/Vault-v0", task_id="t:1", group_id=3, seed=11)
     b = Episode([1], [], reward=0.0, truncated=True, group_id=3, seed=None, error="env X, episode 0, turn 1: boom")
     return [a, b]

@@ -44,7 +44,9 @@ def test_micro_batched_gradient_equals_the_whole_minibatch(tmp_path, vault_polic
         batch = batch.with_(ref_logp=trainer.reference_logp(batch))
         credit = trainer.assigner.assign(batch, trainer.assigner.fit(batch))
         seen: list[list[torch.Tensor]] = []
-        trainer.optimizer.step = lambda seen=seen, params=trainer.trainable: seen.append([p.grad.clone() for p in params])  # record, do not step
+        # record, do not step
+        trainer.optimizer.step = lambda seen=seen, params=trainer.trainable: seen.append(
+            [p.grad.clone() for p in params])
         out = trainer.optimize(batch, credit)
         grads.append(seen[0])
         if budget == 1:
@@ -65,11 +67,13 @@ def test_lora_trains_adapters_only_against_the_base_model(tmp_path, vault_policy
     batch = make_batch(_episodes(trainer), trainer.policy.chat.pad_id)
     batch = batch.with_(ref_logp=trainer.reference_logp(batch))
     trainer.optimize(batch, trainer.assigner.assign(batch, trainer.assigner.fit(batch)))
-    moved = [n for n, p in trainer.policy.model.named_parameters() if p.requires_grad and not torch.equal(p, adapters[n])]
+    moved = [n for n, p in trainer.policy.model.named_parameters() if p.requires_grad
+             and not torch.equal(p, adapters[n])]
     assert moved
     # after an update, the reference (adapters off) is still exactly the base model
     with torch.inference_mode():
-        expect = token_stats(base, batch.input_ids, batch.attention_mask).logp * batch.action_mask  # the reference is read at actions only
+        # the reference is read at actions only
+        expect = token_stats(base, batch.input_ids, batch.attention_mask).logp * batch.action_mask
     torch.testing.assert_close(trainer.reference_logp(batch), expect, rtol=0, atol=1e-5)
     trainer.train()
 
@@ -78,7 +82,8 @@ def test_lora_trains_adapters_only_against_the_base_model(tmp_path, vault_policy
     merged = Policy.load(ckpt).model.state_dict()
     changed = [k for k in before if not torch.equal(before[k], merged[k])]
     assert changed, "the merged checkpoint carries the adapters' update"
-    assert all(any(t in k for t in ("proj", "lm_head")) for k in changed), changed  # only adapted (linear) weights moved
+    # only adapted (linear) weights moved
+    assert all(any(t in k for t in ("proj", "lm_head")) for k in changed), changed
     from peft import PeftModel
 
     reloaded = PeftModel.from_pretrained(Policy.load(vault_policy_dir).model, ckpt / "adapter")
