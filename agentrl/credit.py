@@ -125,7 +125,8 @@ def turn_rewards(batch: TurnBatch, use_step_rewards: bool) -> torch.Tensor:
     return r * batch.turn_mask
 
 
-def discounted_returns(r: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, bootstrap: torch.Tensor | None = None) -> torch.Tensor:
+def discounted_returns(r: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
+                       bootstrap: torch.Tensor | None = None) -> torch.Tensor:
     """(B, K) G_k = sum_{k' >= k} gamma^(k'-k) r_k' (+ gamma^(K-k) * bootstrap), over valid turns."""
     B, K = r.shape
     G = torch.zeros_like(r)
@@ -164,7 +165,8 @@ def value_change_concentration(d: torch.Tensor, mask: torch.Tensor) -> torch.Ten
     return torch.where(total > 1e-8, a.max(1).values / total.clamp(min=1e-8), 1.0 / K)
 
 
-def gae(r: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, bootstrap: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
+def gae(r: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, bootstrap: torch.Tensor, gamma: float,
+        lam: float) -> torch.Tensor:
     """(B, K) GAE over turns: d_k = r_k + gamma V(s_{k+1}) - V(s_k), A_k = sum_l (gamma lam)^l d_{k+l}.
 
     V(s_{K+1}) is `bootstrap` (the critic's value after the last turn when the episode was
@@ -200,7 +202,8 @@ class TurnHead(torch.nn.Module):
         with g:
             torch.manual_seed(seed)
             self.net = torch.nn.Sequential(
-                torch.nn.LayerNorm(in_dim), torch.nn.Linear(in_dim, cfg.width), torch.nn.Tanh(), torch.nn.Linear(cfg.width, 1)
+                torch.nn.LayerNorm(in_dim), torch.nn.Linear(in_dim, cfg.width), torch.nn.Tanh(),
+                torch.nn.Linear(cfg.width, 1)
             )
         self.cfg = cfg
         self.opt = torch.optim.Adam(self.parameters(), lr=cfg.lr)
@@ -242,8 +245,10 @@ def turn_features(batch: TurnBatch, model: torch.nn.Module | None) -> torch.Tens
     from agentrl.policy import token_stats
 
     with torch.inference_mode():
-        hs = token_stats(model, batch.input_ids, batch.attention_mask, hidden=True).hidden  # (B, T, H); hs[:, t] precedes token t
-    pos = (batch.turn_pos + 1).clamp(min=0)  # the first action token's position: its preceding state is the context's last
+        # (B, T, H); hs[:, t] precedes token t
+        hs = token_stats(model, batch.input_ids, batch.attention_mask, hidden=True).hidden
+    # the first action token's position: its preceding state is the context's last
+    pos = (batch.turn_pos + 1).clamp(min=0)
     return hs.gather(1, pos[..., None].expand(-1, -1, hs.shape[-1])).float() * batch.turn_mask[..., None]
 
 
@@ -257,7 +262,8 @@ def final_features(batch: TurnBatch, model: torch.nn.Module | None, pad_id: int)
     if not rows or model is None:
         return None
 
-    seqs = [batch.episodes[b].token_ids() + (batch.episodes[b].turns[-1].obs_ids if batch.episodes[b].turns else []) for b in rows]
+    seqs = [batch.episodes[b].token_ids() + (batch.episodes[b].turns[-1].obs_ids if batch.episodes[b].turns else [])
+            for b in rows]
     T = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
     att = torch.zeros_like(ids)
@@ -292,7 +298,8 @@ class TurnCritic:
             return torch.zeros(batch.size)
         return self.head(final) * batch.truncated.float()
 
-    def fit(self, feats: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor, old: torch.Tensor | None = None) -> dict[str, float]:
+    def fit(self, feats: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor,
+            old: torch.Tensor | None = None) -> dict[str, float]:
         m = mask.bool()
         loss = self.head.fit(feats[m], targets[m].float(), None if old is None else old[m].float())
         return {"critic_loss": loss}

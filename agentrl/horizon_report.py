@@ -134,7 +134,8 @@ def figures(result: ProbeResult, bakeoff: Sequence[BakeoffRun] | None = None) ->
     if bakeoff:
         fig, ax = plt.subplots(figsize=(5.5, 3.2))
         for run in bakeoff:
-            ax.plot(range(1, len(run.curve) + 1), run.curve, marker="o", ms=3, label=f"{run.algo} (slope {run.slope:+.3f})")
+            ax.plot(range(1, len(run.curve) + 1), run.curve, marker="o", ms=3, label=f"{run.algo} (slope "
+                    f"{run.slope:+.3f})")
         ax.axhline(bakeoff[0].warm_pass_rate, color="grey", ls=":", lw=1, label="warm start (held-out)")
         ax.set_xlabel("update")
         ax.set_ylabel("training pass rate")
@@ -166,7 +167,8 @@ def _threshold_lines(result: ProbeResult) -> list[str]:
     if th.sweep_command:
         lines.append(f"Sweep command: {th.sweep_command}")
     if th.sweep_sha256:  # which results exactly: the file's hash, and the commit that last changed it
-        lines.append(f"Sweep results: sha256 {th.sweep_sha256}" + (f", commit {th.sweep_commit}" if th.sweep_commit else ""))
+        lines.append(f"Sweep results: sha256 {th.sweep_sha256}"
+                     + (f", commit {th.sweep_commit}" if th.sweep_commit else ""))
     lines.append(f"Derivation: {th.derivation}")
     return lines
 
@@ -174,20 +176,23 @@ def _threshold_lines(result: ProbeResult) -> list[str]:
 def to_markdown(result: ProbeResult, bakeoff: Sequence[BakeoffRun] | None = None, images: Sequence[str] = ()) -> str:
     """The report as markdown; `images` are PNG file names lying beside it."""
     rec = result.recommendation
-    lines = ["# Horizon report", "", f"Source: {result.source}", "", f"**Recommended assigner: `{rec.algo}`** (rule `{rec.rule}`)", "", rec.reason, ""]
+    lines = ["# Horizon report", "", f"Source: {result.source}", "", f"**Recommended assigner: `{rec.algo}`** (rule "
+             f"`{rec.rule}`)", "", rec.reason, ""]
     if rec.advice:
         lines += [f"Advice: {rec.advice}", ""]
     lines += ["## Statistics", "", "| statistic | value |", "|---|---|"]
     lines += [f"| {label.strip()} | {value} |" for label, value in stat_rows(result)]
     if result.budget_episodes is not None:
         lines.append(f"| planned training episodes | {result.budget_episodes} |")
-    lines += ["", "## Rules (first match fires)", "", "| rule | matched | pick | statistics | thresholds |", "|---|---|---|---|---|"]
+    lines += ["", "## Rules (first match fires)", "", "| rule | matched | pick | statistics | thresholds |",
+              "|---|---|---|---|---|"]
     for r in result.rules:
         mark = "**fired**" if r.name == rec.rule else ("yes" if r.matched else "no")
         lines.append(f"| {r.name} | {mark} | {r.algo} | {_kv(r.statistics)} | {_kv(r.thresholds)} |")
     lines += ["", "## Where the thresholds come from", ""] + [f"- {x}" for x in _threshold_lines(result)]
     if bakeoff:
-        lines += ["", "## Bakeoff", "", "| assigner | warm start | final (held-out) | slope / update |", "|---|---|---|---|"]
+        lines += ["", "## Bakeoff", "", "| assigner | warm start | final (held-out) | slope / update |",
+                  "|---|---|---|---|"]
         lines += [f"| {b.algo} | {b.warm_pass_rate:.2f} | {b.final_pass_rate:.2f} | {b.slope:+.4f} |" for b in bakeoff]
     if images:
         lines += ["", "## Plots", ""] + [f"![{CAPTIONS.get(n, n)}]({n})" for n in images]
@@ -204,30 +209,38 @@ def _kv(d: dict[str, Any]) -> str:
 
 
 STYLE = """
-body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
-h1 { margin-bottom: 0.2em; } .rec { background: #eef6ee; border-left: 5px solid #55a868; padding: 0.8em 1em; margin: 1em 0; }
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1100px;
+  color: #222; }
+h1 { margin-bottom: 0.2em; }
+.rec { background: #eef6ee; border-left: 5px solid #55a868; padding: 0.8em 1em; margin: 1em 0; }
 .advice { background: #fff4e5; border-left: 5px solid #dd8452; padding: 0.6em 1em; }
-table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.92em; } td, th { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: left; }
+table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.92em; }
+td, th { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: left; }
 tr.fired { background: #eef6ee; font-weight: 600; } .muted { color: #777; }
-.plots { display: grid; grid-template-columns: 1fr 1fr; gap: 1em; } figure { margin: 0; } img { width: 100%; border: 1px solid #ddd; }
+.plots { display: grid; grid-template-columns: 1fr 1fr; gap: 1em; } figure { margin: 0; }
+img { width: 100%; border: 1px solid #ddd; }
 figcaption { font-size: 0.85em; color: #555; }
 """
 
 
-def to_html(result: ProbeResult, bakeoff: Sequence[BakeoffRun] | None = None, images: dict[str, bytes] | None = None) -> str:
+def to_html(result: ProbeResult, bakeoff: Sequence[BakeoffRun] | None = None,
+            images: dict[str, bytes] | None = None) -> str:
     """One self-contained page: inline CSS, plots as data URIs, nothing to fetch."""
     e = html_lib.escape
     rec = result.recommendation
-    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8"><title>Horizon report</title>', f"<style>{STYLE}</style></head><body>",
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8"><title>Horizon report</title>',
+             f"<style>{STYLE}</style></head><body>",
              "<h1>Horizon report</h1>", f'<p class="muted">Source: {e(result.source)}</p>',
-             f'<div class="rec"><b>Recommended assigner: <code>{e(rec.algo)}</code></b> (rule <code>{e(rec.rule)}</code>)<br>{e(rec.reason)}</div>']
+             f'<div class="rec"><b>Recommended assigner: <code>{e(rec.algo)}</code></b> (rule '
+             f'<code>{e(rec.rule)}</code>)<br>{e(rec.reason)}</div>']
     if rec.advice:
         parts.append(f'<p class="advice">Advice: {e(rec.advice)}</p>')
     parts.append("<h2>Statistics</h2><table><tr><th>statistic</th><th>value</th></tr>")
     parts += [f"<tr><td>{e(label)}</td><td>{e(value)}</td></tr>" for label, value in stat_rows(result)]
     if result.budget_episodes is not None:
         parts.append(f"<tr><td>planned training episodes</td><td>{result.budget_episodes}</td></tr>")
-    parts.append("</table><h2>Rules (first match fires)</h2><table><tr><th>rule</th><th>matched</th><th>pick</th><th>statistics</th><th>thresholds</th></tr>")
+    parts.append("</table><h2>Rules (first match fires)</h2>"
+                 "<table><tr><th>rule</th><th>matched</th><th>pick</th><th>statistics</th><th>thresholds</th></tr>")
     for r in result.rules:
         fired = r.name == rec.rule
         mark = "fired" if fired else ("yes" if r.matched else "no")
@@ -237,14 +250,17 @@ def to_html(result: ProbeResult, bakeoff: Sequence[BakeoffRun] | None = None, im
     parts += [f"<li>{e(x)}</li>" for x in _threshold_lines(result)]
     parts.append("</ul>")
     if bakeoff:
-        parts.append("<h2>Bakeoff</h2><table><tr><th>assigner</th><th>warm start</th><th>final (held-out)</th><th>slope / update</th></tr>")
-        parts += [f"<tr><td>{e(b.algo)}</td><td>{b.warm_pass_rate:.2f}</td><td>{b.final_pass_rate:.2f}</td><td>{b.slope:+.4f}</td></tr>" for b in bakeoff]
+        parts.append("<h2>Bakeoff</h2><table><tr><th>assigner</th><th>warm start</th><th>final (held-out)</th>"
+                     "<th>slope / update</th></tr>")
+        parts += [f"<tr><td>{e(b.algo)}</td><td>{b.warm_pass_rate:.2f}</td><td>{b.final_pass_rate:.2f}</td>"
+                  f"<td>{b.slope:+.4f}</td></tr>" for b in bakeoff]
         parts.append("</table>")
     if images:
         parts.append('<h2>Plots</h2><div class="plots">')
         for name, png in images.items():
             data = base64.b64encode(png).decode("ascii")
-            parts.append(f'<figure><img alt="{e(name)}" src="data:image/png;base64,{data}"><figcaption>{e(CAPTIONS.get(name, name))}</figcaption></figure>')
+            parts.append(f'<figure><img alt="{e(name)}" src="data:image/png;base64,{data}">'
+                         f"<figcaption>{e(CAPTIONS.get(name, name))}</figcaption></figure>")
         parts.append("</div>")
     parts.append("</body></html>")
     return "\n".join(parts)

@@ -38,9 +38,9 @@ TINY_CHAT_TEMPLATE = (
     "{%- if not loop.last -%}{{ ', ' }}{%- endif -%}{%- endfor -%}{{ '): ' + t.function.description }}"
     "{%- endfor -%}{%- endif -%}{{ '<|im_end|>\\n' }}{%- endif -%}"
     "{%- for m in rest -%}"
-    "{%- if m.role == 'tool' -%}{{ '<|im_start|>user\\n<tool_response>\\n' + m.content + '\\n</tool_response><|im_end|>\\n' }}"
-    "{%- else -%}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif -%}"
-    "{%- endfor -%}"
+    "{%- if m.role == 'tool' -%}{{ '<|im_start|>user\\n<tool_response>\\n' + m.content + "
+    "'\\n</tool_response><|im_end|>\\n' }}{%- else -%}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' "
+    "}}{%- endif -%}{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
 )
 
@@ -57,7 +57,8 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024) -> PreTrained
     # boilerplate of a tool call (`{"name": "open", "arguments": {"lock": `) becomes a few tokens
     # and the sequence holds mostly the decisions.
     tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        [pre_tokenizers.Digits(individual_digits=True),
+         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
@@ -72,7 +73,8 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024) -> PreTrained
     return hf_tok
 
 
-def build_tiny_policy(corpus: Iterable[str], out_dir: str | Path, cfg: TinyModelConfig | None = None, seed: int = 0) -> Path:
+def build_tiny_policy(corpus: Iterable[str], out_dir: str | Path, cfg: TinyModelConfig | None = None,
+                      seed: int = 0) -> Path:
     """Train a tokenizer on `corpus`, build a tiny Llama around it, save both to `out_dir`."""
     cfg = cfg or TinyModelConfig()
     out = Path(out_dir)
@@ -131,7 +133,8 @@ class ChatFormat:
         self.tokenizer = tokenizer
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
-        msgs = [{"role": "user", "content": "U"}, {"role": "assistant", "content": self._A}, {"role": "tool", "content": self._O}]
+        msgs = [{"role": "user", "content": "U"}, {"role": "assistant", "content": self._A},
+                {"role": "tool", "content": self._O}]
         text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
         if self._A not in text or self._O not in text:
             raise ValueError("the chat template dropped the assistant or tool message; cannot derive the turn layout")
@@ -188,7 +191,8 @@ class Policy:
         self.chat = ChatFormat(tokenizer)
 
     @classmethod
-    def load(cls, name_or_path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> Policy:
+    def load(cls, name_or_path: str | Path, dtype: torch.dtype = torch.float32,
+             device: str | torch.device = "cpu") -> Policy:
         tokenizer = AutoTokenizer.from_pretrained(str(name_or_path))
         model = AutoModelForCausalLM.from_pretrained(str(name_or_path), dtype=dtype).to(device)
         return cls(model, tokenizer)
@@ -244,11 +248,13 @@ def token_stats(
     pos_ids = position_ids_from_mask(attention_mask)
     sparse = only is not None and hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")
     if sparse:
-        last = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos_ids, use_cache=False).last_hidden_state
+        last = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos_ids,
+                                   use_cache=False).last_hidden_state
         rows, cols = only[:, 1:].nonzero(as_tuple=True)  # position cols predicts token cols + 1
         logits = model.get_output_embeddings()(last[rows, cols]).float()  # (N, V)
     else:
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos_ids, output_hidden_states=hidden, use_cache=False)
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos_ids,
+                    output_hidden_states=hidden, use_cache=False)
         last = out.hidden_states[-1] if hidden else None
         logits = out.logits[:, :-1].float()  # (B, T-1, V)
     if temperature != 1.0:

@@ -106,7 +106,8 @@ class TurnBatch:
         T = int(self.attention_mask.sum(1).max())
         if T == self.input_ids.shape[1]:
             return self
-        per_token = {"input_ids", "attention_mask", "action_mask", "behaviour_logp", "turn_index", "ref_logp", "advantages"}
+        per_token = {"input_ids", "attention_mask", "action_mask", "behaviour_logp", "turn_index", "ref_logp",
+                     "advantages"}
         return replace(self, **{k: getattr(self, k)[:, :T] for k in per_token if getattr(self, k) is not None})
 
     def micro_batches(self, max_tokens: int) -> list[torch.Tensor]:
@@ -124,7 +125,8 @@ class TurnBatch:
         return [torch.tensor(g, dtype=torch.long) for g in groups]
 
     def to(self, device: torch.device | str) -> TurnBatch:
-        return TurnBatch(**{f.name: (v.to(device) if isinstance(v := getattr(self, f.name), torch.Tensor) else v) for f in fields(self)})
+        return TurnBatch(**{f.name: (v.to(device) if isinstance(v := getattr(self, f.name), torch.Tensor) else v)
+                            for f in fields(self)})
 
 
 def make_batch(episodes: Sequence[Episode], pad_id: int) -> TurnBatch:

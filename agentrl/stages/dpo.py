@@ -9,7 +9,8 @@ prompt are masked, as everywhere in agentrl). With s = log pi(y) and s_ref = log
                                    (no reference; |y| = number of action tokens)
 
 >>> import torch
->>> loss, m = preference_loss(torch.tensor([-1.0]), torch.tensor([-3.0]), torch.tensor([-2.0]), torch.tensor([-2.0]), "dpo", beta=0.5)
+>>> t = torch.tensor
+>>> loss, m = preference_loss(t([-1.0]), t([-3.0]), t([-2.0]), t([-2.0]), "dpo", beta=0.5)
 >>> round(loss.item(), 4), m["accuracy"]
 (0.3133, 1.0)
 """
@@ -69,7 +70,8 @@ def preference_loss(
     return loss.mean(), stats
 
 
-def pairs_from_episodes(episodes: Sequence[Episode], max_per_group: int = 4, seed: int = 0) -> tuple[list[tuple[Episode, Episode]], dict[str, int]]:
+def pairs_from_episodes(episodes: Sequence[Episode], max_per_group: int = 4,
+                        seed: int = 0) -> tuple[list[tuple[Episode, Episode]], dict[str, int]]:
     """Within each group (one task, one initial state), a passing episode against a failing one."""
     rng = random.Random(seed)
     groups: dict[int, list[Episode]] = {}
@@ -134,7 +136,8 @@ def train_preferences(
                     ref_c, _ = _seq_logps(reference, chosen, pad_id)
                     ref_r, _ = _seq_logps(reference, rejected, pad_id)
                 ref_c, ref_r = ref_c.clone(), ref_r.clone()
-            loss, stats = preference_loss(s_c, s_r, ref_c, ref_r, cfg.loss, cfg.resolved_beta, cfg.simpo_gamma, n_c, n_r)
+            loss, stats = preference_loss(s_c, s_r, ref_c, ref_r, cfg.loss, cfg.resolved_beta, cfg.simpo_gamma, n_c,
+                                          n_r)
             if cfg.nll_weight > 0:
                 nll = (-s_c / n_c.clamp(min=1)).mean()
                 loss = loss + cfg.nll_weight * nll
@@ -151,4 +154,5 @@ def train_preferences(
             if log is not None:
                 log({"dpo/step": step, "dpo/epoch": epoch, **{f"dpo/{k}": v for k, v in stats.items()}})
     model.eval()
-    return {**{f"dpo/{k}": v for k, v in agg.items()}, "dpo/steps": step, "dpo/pairs": len(pairs), "dpo/seconds": time.perf_counter() - t0}
+    return {**{f"dpo/{k}": v for k, v in agg.items()}, "dpo/steps": step, "dpo/pairs": len(pairs),
+            "dpo/seconds": time.perf_counter() - t0}

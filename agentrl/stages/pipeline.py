@@ -40,18 +40,21 @@ def collect_groups(cfg: TrainConfig, policy: Policy, groups: int, group_size: in
     envs = [make(cfg.env.id, **cfg.env.kwargs) for _ in seeds]
     engine = make_engine(cfg, policy, cfg.rollout.sampling, seed=seed + 99)
     max_ctx = getattr(policy.model.config, "max_position_embeddings", 2048)
-    episodes, _ = rollout(envs, seeds, engine, policy.chat, group_ids=gids, max_context=max_ctx, max_new_tokens=cfg.rollout.sampling.max_new_tokens)
+    episodes, _ = rollout(envs, seeds, engine, policy.chat, group_ids=gids, max_context=max_ctx,
+                          max_new_tokens=cfg.rollout.sampling.max_new_tokens)
     return episodes
 
 
-def run_pipeline(cfg: TrainConfig, dpo: DPOConfig | None, out: str | Path, say: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run_pipeline(cfg: TrainConfig, dpo: DPOConfig | None, out: str | Path,
+                 say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """SFT, then preference optimisation (skipped when `dpo` is None), then RL (skipped when
     cfg.updates == 0). Returns the per-stage table."""
     say = say or agentrl_log.say(__name__)
     from agentrl.trainer import Trainer, evaluate
 
     if cfg.model is not None:
-        raise ValueError("the pipeline builds its own SFT policy; run `agentrl dpo` / `agentrl train --model` to start from a model")
+        raise ValueError("the pipeline builds its own SFT policy; run `agentrl dpo` / `agentrl train --model` to start "
+                         "from a model")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     stages: list[dict[str, Any]] = []
@@ -59,7 +62,8 @@ def run_pipeline(cfg: TrainConfig, dpo: DPOConfig | None, out: str | Path, say: 
 
     def record(stage: str, policy: Policy, seconds: float, extra: dict[str, Any] | None = None) -> Any:
         res = evaluate(cfg, policy, None, max_ctx)
-        stages.append({"stage": stage, "held_out_pass_rate": res.pass_rate, "seconds": round(seconds, 1), **(extra or {})})
+        stages.append({"stage": stage, "held_out_pass_rate": res.pass_rate, "seconds": round(seconds, 1),
+                       **(extra or {})})
         say(f"[{stage}] held-out pass rate {res.pass_rate:.3f} ({seconds:.0f}s)")
         (out / "pipeline.json").write_text(json.dumps({"stages": stages}, indent=2))
         return res
@@ -75,7 +79,8 @@ def run_pipeline(cfg: TrainConfig, dpo: DPOConfig | None, out: str | Path, say: 
         t0 = time.perf_counter()
         episodes = collect_groups(cfg, policy, dpo.groups, dpo.group_size, cfg.seed)
         pairs, counts = pairs_from_episodes(episodes, dpo.max_pairs_per_group, cfg.seed)
-        say(f"[{dpo.loss}] {len(pairs)} pairs from {counts['groups']} groups ({counts['groups_without_pair']} all-pass or all-fail)")
+        say(f"[{dpo.loss}] {len(pairs)} pairs from {counts['groups']} groups ({counts['groups_without_pair']} all-pass "
+            "or all-fail)")
         if not pairs:  # nothing to prefer: say so in the table and go on with the SFT policy
             stages.append({"stage": f"{dpo.loss} (skipped: no pairs)", "held_out_pass_rate": last.pass_rate,
                            "seconds": round(time.perf_counter() - t0, 1), "pairs": 0})
@@ -84,7 +89,8 @@ def run_pipeline(cfg: TrainConfig, dpo: DPOConfig | None, out: str | Path, say: 
         reference = copy.deepcopy(policy.model).eval().requires_grad_(False) if dpo.loss != "simpo" else None
         log = open(out / "dpo_metrics.jsonl", "w")  # noqa: SIM115
         try:
-            metrics = train_preferences(policy.model, reference, pairs, policy.chat.pad_id, dpo, cfg.seed, log=lambda m: log.write(json.dumps(m) + "\n"))
+            metrics = train_preferences(policy.model, reference, pairs, policy.chat.pad_id, dpo, cfg.seed,
+                                        log=lambda m: log.write(json.dumps(m) + "\n"))
         finally:
             log.close()
         policy.save(out / "dpo")
@@ -96,6 +102,7 @@ def run_pipeline(cfg: TrainConfig, dpo: DPOConfig | None, out: str | Path, say: 
         t0 = time.perf_counter()
         rl_cfg = TrainConfig(**{**cfg.model_dump(), "model": str(current), "out": str(out / "rl")})
         summary = Trainer(rl_cfg).train(warm=last)
-        stages.append({"stage": f"rl ({cfg.algo})", "held_out_pass_rate": summary["final_pass_rate"], "seconds": round(time.perf_counter() - t0, 1)})
+        stages.append({"stage": f"rl ({cfg.algo})", "held_out_pass_rate": summary["final_pass_rate"],
+                       "seconds": round(time.perf_counter() - t0, 1)})
         (out / "pipeline.json").write_text(json.dumps({"stages": stages}, indent=2))
     return {"stages": stages, "out": str(out)}

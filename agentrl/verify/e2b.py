@@ -31,10 +31,12 @@ _HARNESS = Path(__file__).with_name("_harness.py").read_text()
 _DRIVER = r"""
 import json, os, subprocess, sys
 req_r, req_w = os.pipe(); rep_r, rep_w = os.pipe()
-w = subprocess.Popen([sys.executable, "/tmp/agentrl/_harness.py", "worker", str(req_r), str(rep_w)], pass_fds=(req_r, rep_w),
-                     stdin=open("/tmp/agentrl/program.py"), stdout=open("/tmp/agentrl/out.txt", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
-j = subprocess.Popen([sys.executable, "/tmp/agentrl/_harness.py", "judge", str(req_w), str(rep_r)], pass_fds=(req_w, rep_r),
-                     stdin=open("/tmp/agentrl/payload.json"), stdout=subprocess.PIPE, start_new_session=True)
+w = subprocess.Popen([sys.executable, "/tmp/agentrl/_harness.py", "worker", str(req_r), str(rep_w)],
+                     pass_fds=(req_r, rep_w), stdin=open("/tmp/agentrl/program.py"),
+                     stdout=open("/tmp/agentrl/out.txt", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+j = subprocess.Popen([sys.executable, "/tmp/agentrl/_harness.py", "judge", str(req_w), str(rep_r)],
+                     pass_fds=(req_w, rep_r), stdin=open("/tmp/agentrl/payload.json"), stdout=subprocess.PIPE,
+                     start_new_session=True)
 for fd in (req_r, req_w, rep_r, rep_w): os.close(fd)
 out, _ = j.communicate(timeout=float(sys.argv[1]))
 w.kill()
@@ -96,23 +98,28 @@ class E2BSandbox:
         try:
             vm.files.write("/tmp/agentrl/program.py", code)
             lim = self.limits
-            ulimit = f"ulimit -t {lim.cpu_seconds} -v {lim.memory_mb * 1024} -f {lim.max_file_mb * 1024} -u {lim.max_processes * 4};"
-            code_, out, err, timed_out = self._run(vm, f"bash -c {shlex.quote(ulimit + ' cd /tmp/agentrl && python3 program.py')}")
+            ulimit = (f"ulimit -t {lim.cpu_seconds} -v {lim.memory_mb * 1024} -f {lim.max_file_mb * 1024} "
+                      f"-u {lim.max_processes * 4};")
+            command = f"bash -c {shlex.quote(ulimit + ' cd /tmp/agentrl && python3 program.py')}"
+            code_, out, err, timed_out = self._run(vm, command)
         finally:
             vm.kill()
         cap = self.limits.max_output_bytes
-        return RunResult(code_, out[:cap], err[:cap], timed_out, len(out) + len(err) > cap, time.monotonic() - t0, self.isolation)
+        return RunResult(code_, out[:cap], err[:cap], timed_out, len(out) + len(err) > cap, time.monotonic() - t0,
+                         self.isolation)
 
     def run_tests(self, program: str, tests: Sequence[TestCase], entry_point: str, preamble: str = "") -> TestRunResult:
         if not tests:
             raise ValueError("run_tests: no tests given; a task without tests cannot be verified")
         t0 = time.monotonic()
         lim = self.limits
-        payload = {"tests": [{"name": t.name, "code": t.code} for t in tests], "entry_point": entry_point, "preamble": preamble,
+        payload = {"tests": [{"name": t.name, "code": t.code} for t in tests], "entry_point": entry_point,
+                   "preamble": preamble,
                    "per_test_seconds": lim.per_test_seconds, "load_seconds": max(1.0, lim.wall_seconds / 2)}
         vm = self._vm()
         try:
-            for name, text in (("_harness.py", _HARNESS), ("driver.py", _DRIVER), ("program.py", program), ("payload.json", json.dumps(payload))):
+            for name, text in (("_harness.py", _HARNESS), ("driver.py", _DRIVER), ("program.py", program),
+                               ("payload.json", json.dumps(payload))):
                 vm.files.write(f"/tmp/agentrl/{name}", text)
             code_, out, err, timed_out = self._run(vm, f"python3 /tmp/agentrl/driver.py {lim.wall_seconds}")
             cand_out = "" if timed_out else vm.files.read("/tmp/agentrl/out.txt")[: lim.output_preview_chars]
@@ -125,6 +132,8 @@ class E2BSandbox:
             report = json.loads(out)
         except ValueError:
             raise SandboxError(f"the E2B judge failed (exit {code_}) without a report: {err[-800:]}") from None
-        outcomes = tuple(TestOutcome(r["name"], bool(r["passed"]), bool(r["timed_out"]), r["error"]) for r in report["tests"])
-        return TestRunResult(outcomes, report["load_error"], cand_out, "", False, False, time.monotonic() - t0, self.isolation,
+        outcomes = tuple(TestOutcome(r["name"], bool(r["passed"]), bool(r["timed_out"]), r["error"])
+                         for r in report["tests"])
+        return TestRunResult(outcomes, report["load_error"], cand_out, "", False, False, time.monotonic() - t0,
+                             self.isolation,
                              protocol_violation=report.get("protocol_violation"))

@@ -86,7 +86,8 @@ class MathVerifier:
         configs = [LatexExtractionConfig(), ExprExtractionConfig()]
         gold = parse(f"${gold_text}$", extraction_config=configs, parsing_timeout=timeout)
         if not any(not isinstance(g, str) for g in gold):  # only the raw-string fallback: nothing parsed
-            raise VerifierError(f"math verifier, task {task.task_id or task.question[:40]!r}: the reference answer {task.answer!r} does not parse")
+            raise VerifierError(f"math verifier, task {task.task_id or task.question[:40]!r}: the reference answer "
+                                f"{task.answer!r} does not parse")
         pred = parse(f"${text}$", extraction_config=configs, parsing_timeout=timeout)
         if not any(not isinstance(p, str) for p in pred):
             return Verdict(0.0, f"could not read {text[:40]!r} as a number or expression")

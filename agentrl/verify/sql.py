@@ -30,7 +30,8 @@ from agentrl.verify.base import NotVerifiable, Verdict, VerifierError, register_
 
 __all__ = ["QueryError", "SQLTask", "SQLVerifier", "run_query"]
 
-_ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, getattr(sqlite3, "SQLITE_RECURSIVE", 33)}
+_ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
+            getattr(sqlite3, "SQLITE_RECURSIVE", 33)}
 _DENIED_FUNCTIONS = {"load_extension", "readfile", "writefile", "edit", "fts3_tokenizer"}
 
 
@@ -73,7 +74,8 @@ def connect(schema: str) -> sqlite3.Connection:
     return con
 
 
-def run_query(con: sqlite3.Connection, query: str, max_rows: int = 10_000, max_steps: int = 5_000_000) -> tuple[list[str], list[tuple[Any, ...]]]:
+def run_query(con: sqlite3.Connection, query: str, max_rows: int = 10_000,
+              max_steps: int = 5_000_000) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Run one untrusted read-only query; returns (column names, rows). Raises `QueryError`."""
     def authorizer(action: int, arg1: str | None, arg2: str | None, db: str | None, trigger: str | None) -> int:
         if action == sqlite3.SQLITE_FUNCTION and (arg2 or "").lower() in _DENIED_FUNCTIONS:
@@ -118,7 +120,8 @@ def _norm_value(v: Any, digits: int) -> Any:
     return v
 
 
-def compare_rows(got: Sequence[tuple[Any, ...]], want: Sequence[tuple[Any, ...]], ordered: bool, distinct: bool, digits: int = 9) -> str | None:
+def compare_rows(got: Sequence[tuple[Any, ...]], want: Sequence[tuple[Any, ...]], ordered: bool, distinct: bool,
+                 digits: int = 9) -> str | None:
     """None if equal under the options, else why not."""
     g = [tuple(_norm_value(v, digits) for v in r) for r in got]
     w = [tuple(_norm_value(v, digits) for v in r) for r in want]
@@ -130,7 +133,9 @@ def compare_rows(got: Sequence[tuple[Any, ...]], want: Sequence[tuple[Any, ...]]
         return None
     if ordered:
         if g != w:
-            return "rows differ or are in the wrong order" if Counter(g) == Counter(w) else f"rows differ: {len(g)} rows, expected {len(w)}"
+            if Counter(g) == Counter(w):
+                return "rows differ or are in the wrong order"
+            return f"rows differ: {len(g)} rows, expected {len(w)}"
         return None
     if Counter(g) != Counter(w):
         return f"rows differ: {len(g)} rows, expected {len(w)} (duplicates count)"
@@ -172,7 +177,8 @@ def _as_task(task: Any) -> SQLTask:
         return task
     if isinstance(task, dict) and task.get("kind") == "sql":
         try:
-            return SQLTask(task["schema"], task["gold"], task.get("question", ""), task.get("task_id", ""), task.get("ordered"), task.get("distinct", False))
+            return SQLTask(task["schema"], task["gold"], task.get("question", ""), task.get("task_id", ""),
+                           task.get("ordered"), task.get("distinct", False))
         except KeyError as e:
             raise NotVerifiable(f"sql task is missing {e}") from e
     raise NotVerifiable(f"the sql verifier cannot judge a {type(task).__name__}")
