@@ -210,7 +210,8 @@ def write_report(run_dir: Path | str, out: Path | str | None = None) -> dict[str
 
     config = (run / "config.yaml").read_text() if (run / "config.yaml").is_file() else ""
     md = _markdown(facts, timeline, actions, last_metrics, pngs, out_dir) + _config_md(config)
-    page = _html(facts, timeline, actions, last_metrics, pngs).replace("</body></html>", _config_html(config) + "</body></html>")
+    page = _html(facts, timeline, actions, last_metrics, pngs)
+    page = page.replace("</body></html>", _config_html(config) + "</body></html>")
     md_path, html_path = out_dir / "report.md", out_dir / "report.html"
     md_path.write_text(md)
     html_path.write_text(page)
@@ -236,8 +237,9 @@ def _config_md(config: str) -> str:
 
 
 def _config_html(config: str) -> str:
-    return f"<h2>Resolved config</h2><details><summary>config.yaml</summary><pre>{html.escape(config)}</pre></details>" \
-        if config else ""
+    if not config:
+        return ""
+    return f"<h2>Resolved config</h2><details><summary>config.yaml</summary><pre>{html.escape(config)}</pre></details>"
 
 
 def _html(facts, timeline, actions, last_metrics, pngs) -> str:

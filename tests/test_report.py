@@ -109,7 +109,8 @@ def test_the_report_shows_credit_the_config_and_log_axes_without_scratch_paths(t
     scales, limits = {}, {}
     set_yscale, set_xlim = matplotlib.axes.Axes.set_yscale, matplotlib.axes.Axes.set_xlim
     monkeypatch.setattr(matplotlib.axes.Axes, "set_yscale",
-                        lambda ax, v, **kw: (scales.__setitem__(ax.get_title() or len(scales), v), set_yscale(ax, v, **kw)))
+                        lambda ax, v, **kw: (scales.__setitem__(ax.get_title() or len(scales), v),
+                                             set_yscale(ax, v, **kw)))
     monkeypatch.setattr(matplotlib.axes.Axes, "set_xlim",
                         lambda ax, *a, **kw: (limits.__setitem__(id(ax), a), set_xlim(ax, *a, **kw)))
     paths = write_report(run)

@@ -65,7 +65,7 @@ def family_distance(stats: Any) -> FamilyDistance:
     else:
         far = ", ".join(f"{r.statistic} {r.value:.3g} (range {r.low:g}-{r.high:g}, outside by {r.outside_by:g} spans)"
                         for r in out)
-        meaning = (f"outside the sweep's range: {far}. The thresholds were not fitted on environments like this, so the "
-                   "pick is the rules' extrapolation: treat it as a first guess and confirm it with `agentrl probe "
+        meaning = (f"outside the sweep's range: {far}. The thresholds were not fitted on environments like this, so "
+                   "the pick is the rules' extrapolation: treat it as a first guess and confirm it with `agentrl probe "
                    "--bakeoff`, or calibrate on a sweep of your own env (`agentrl probe --sweep`)")
     return FamilyDistance(rows=rows, inside=not out, meaning=meaning)
