@@ -9,6 +9,8 @@ few-MB model). A program that imports agentrl keeps its own logging configuratio
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from collections.abc import Callable
 
 LOGGER = "agentrl"
@@ -30,9 +32,8 @@ def setup(level: int = logging.INFO) -> None:
         root.addHandler(handler)
     root.setLevel(level)
     root.propagate = False
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-    except ImportError:  # pragma: no cover - transformers is a core dependency
-        pass
+    # transformers reads this when it is first imported (later, by the command that needs it): importing it
+    # here would cost a bad flag its sub-second answer
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:
+        sys.modules["transformers"].utils.logging.disable_progress_bar()

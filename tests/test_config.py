@@ -96,11 +96,16 @@ def test_flags_override_set_which_overrides_the_file(tmp_path, capsys):
 
 
 def _descriptions(model: type[BaseModel]):
-    for name, field in model.model_fields.items():
+    """Every flag's description; a field marked Suppress (a free mapping: --set or its own KEY=VALUE flag) has none."""
+    from tyro.conf import Suppress
+
+    for field in model.model_fields.values():
         ann = field.annotation
+        if any(m is Suppress for m in field.metadata):
+            continue
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             yield from _descriptions(ann)
-        elif field.description and name not in ("algo", "kwargs") or (name == "algo" and model is TrainConfig):
+        elif field.description:
             yield field.description
 
 
