@@ -70,10 +70,10 @@ class ConfigFlags(Strict):
                                "config.yaml works); --set and flags apply on top.")
     set: list[str] = Field([], description="Override any field by its dotted name, KEY=VALUE with a YAML value, e.g. "
                            "rollout.group_size=4 (repeatable); applied after --config, before flags.")
-    env_kw: list[str] = Field([], description="An argument of the environment's constructor, KEY=VALUE with a YAML value, "
-                              "e.g. locks=4 (repeatable): the same as --set env.kwargs.KEY=VALUE.")
-    print_config: bool = Field(False, description="Print the resolved config (every field, the assigner's options with their "
-                               "defaults) as YAML and exit.")
+    env_kw: list[str] = Field([], description="An argument of the environment's constructor, KEY=VALUE with a YAML "
+                              "value, e.g. locks=4 (repeatable): the same as --set env.kwargs.KEY=VALUE.")
+    print_config: bool = Field(False, description="Print the resolved config (every field, the assigner's options with "
+                               "their defaults) as YAML and exit.")
 
 
 _CONFIG_FLAGS = tuple(ConfigFlags.model_fields)
@@ -191,14 +191,15 @@ def _check_device(device: str) -> None:
         import torch
 
         if not torch.cuda.is_available():
-            raise UsageError(f"device {device}: no CUDA device is visible here (torch {torch.__version__}); use --device cpu or auto")
+            raise UsageError(f"device {device}: no CUDA device is visible here (torch {torch.__version__}); use "
+                             "--device cpu or auto")
 
 
 # -- train ------------------------------------------------------------------------------------------
 
-TRAIN_HELP = ("RL on an environment. Without --model, builds a tiny policy for the environment and warm-starts it by SFT "
-              "on noisy expert demonstrations (cached under $AGENTRL_CACHE, default ~/.cache/agentrl), then rolls out "
-              "groups, assigns credit with --algo and updates with the shared PPO-clip loss. Writes config.yaml, "
+TRAIN_HELP = ("RL on an environment. Without --model, builds a tiny policy for the environment and warm-starts it by "
+              "SFT on noisy expert demonstrations (cached under $AGENTRL_CACHE, default ~/.cache/agentrl), then rolls "
+              "out groups, assigns credit with --algo and updates with the shared PPO-clip loss. Writes config.yaml, "
               "metrics.jsonl, store/*.parquet, checkpoint/ and summary.json into the run folder.")
 
 
@@ -231,7 +232,8 @@ def cmd_train(argv: Sequence[str]) -> int:
         try:
             cfg = TrainConfig(**{**cfg.model_dump(exclude={"credit"}), "algo": rec.algo})
         except ValidationError as e:
-            raise UsageError(f"the probe chose {rec.algo}, but the config does not fit it:\n{describe_errors(e)}") from None
+            raise UsageError(f"the probe chose {rec.algo}, but the config does not fit it:\n"
+                             f"{describe_errors(e)}") from None
     train(cfg, decisions=decisions or None)
     return 0
 
@@ -239,35 +241,37 @@ def cmd_train(argv: Sequence[str]) -> int:
 # -- sft --------------------------------------------------------------------------------------------
 
 
-DATA_HELP = ("JSONL of demonstrations to train on instead of the env's expert, one conversation per line: {\"messages\": "
-             "[{\"role\": \"user\", \"content\": \"Compute 3*4+5.\"}, {\"role\": \"assistant\", \"content\": "
-             "\"<tool_call>{...}</tool_call>\"}, {\"role\": \"tool\", \"content\": \"17\"}, {\"role\": "
+DATA_HELP = ("JSONL of demonstrations to train on instead of the env's expert, one conversation per line: "
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"Compute 3*4+5.\"}, {\"role\": \"assistant\", "
+             "\"content\": \"<tool_call>{...}</tool_call>\"}, {\"role\": \"tool\", \"content\": \"17\"}, {\"role\": "
              "\"assistant\", \"content\": \"...\"}]}: an optional system message first, then the task, then assistant "
              "and tool messages alternating, ending with the assistant's; optional \"system\", \"tools\" (default: the "
-             "env's, as its rollouts will see them) and \"reward\". Without --model, the tiny policy and its tokenizer are "
-             "built from these demonstrations (README, 'Write your own environment'; agentrl.stages.data).")
+             "env's, as its rollouts will see them) and \"reward\". Without --model, the tiny policy and its tokenizer "
+             "are built from these demonstrations (README, 'Write your own environment'; agentrl.stages.data).")
 
 
 class SFTCommand(Strict):
     out: str = Field(description="Folder for the fine-tuned model (an ordinary Hugging Face folder).")
     env: EnvConfig = Field(default_factory=EnvConfig, description="The environment whose expert demonstrates (or whose "
-                           "system prompt and tools --data's conversations get), and on whose held-out seeds the result "
-                           "is evaluated.")
-    model: str | None = Field(None, description="Start from this model (folder or hub id); default: build the tiny policy.")
+                           "system prompt and tools --data's conversations get), and on whose held-out seeds the "
+                           "result is evaluated.")
+    model: str | None = Field(None, description="Start from this model (folder or hub id); default: build the tiny "
+                              "policy.")
     data: str | None = Field(None, description=DATA_HELP)
     sft: SFTConfig = Field(default_factory=SFTConfig)
-    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="The tiny policy's size, when --model is "
-                                  "not given.")
-    lora_r: int = Field(0, ge=0, description="Train LoRA adapters of this rank (merged into the saved model); 0: full fine-tuning.")
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="The tiny policy's size, when --model "
+                                  "is not given.")
+    lora_r: int = Field(0, ge=0, description="Train LoRA adapters of this rank (merged into the saved model); 0: full "
+                        "fine-tuning.")
     seed: int = Field(0, description="Seeds the model build and the demonstration order.")
     eval_episodes: int = Field(128, ge=1, description="Held-out episodes to evaluate the result on.")
 
 
 def cmd_sft(argv: Sequence[str]) -> int:
-    cmd = _parse(SFTCommand, argv, "agentrl sft", "Stage one: fine-tune on demonstrations (loss on action tokens only), "
-                 "from the environment's scripted expert or a JSONL file (--data); saves an HF folder and reports the "
-                 "held-out pass rate. Without --model, the tiny policy is built (from the demonstrations' own text with "
-                 "--data) and trained at the tiny policy's learning rate.")
+    cmd = _parse(SFTCommand, argv, "agentrl sft", "Stage one: fine-tune on demonstrations (loss on action tokens "
+                 "only), from the environment's scripted expert or a JSONL file (--data); saves an HF folder and "
+                 "reports the held-out pass rate. Without --model, the tiny policy is built (from the demonstrations' "
+                 "own text with --data) and trained at the tiny policy's learning rate.")
     _check_env(cmd.env.id, cmd.env.kwargs)
     if cmd.lora_r and cmd.model is None:
         raise UsageError("--lora-r trains adapters on an existing model: give --model")
@@ -317,7 +321,8 @@ def cmd_sft(argv: Sequence[str]) -> int:
         if cmd.lora_r:
             from peft import LoraConfig, get_peft_model
 
-            model = get_peft_model(model, LoraConfig(r=cmd.lora_r, lora_alpha=2 * cmd.lora_r, target_modules="all-linear",
+            model = get_peft_model(model,
+                                   LoraConfig(r=cmd.lora_r, lora_alpha=2 * cmd.lora_r, target_modules="all-linear",
                                                      lora_dropout=0.0))
         lr = cmd.sft.lr_for(pretrained=cmd.model is not None)
         tokens = sum(len(d.token_ids()) for d in demos)
@@ -331,9 +336,11 @@ def cmd_sft(argv: Sequence[str]) -> int:
         metrics["demonstrations"] = len(demos)
         metrics["data"] = cmd.data
         (out / "warm_start.json").write_text(json.dumps(metrics, indent=2))
-        print(f"sft: loss {metrics['sft/loss']:.4f} after {metrics['sft/steps']} steps in {metrics['sft/seconds']:.0f}s")
+        print(f"sft: loss {metrics['sft/loss']:.4f} after {metrics['sft/steps']} steps in "
+              f"{metrics['sft/seconds']:.0f}s")
     result = evaluate(cfg, policy, None, getattr(policy.model.config, "max_position_embeddings", 2048))
-    print(f"held-out pass rate on {cmd.env.id} {result.pass_rate:.3f} over {result.episodes} episodes; model saved to {out}")
+    print(f"held-out pass rate on {cmd.env.id} {result.pass_rate:.3f} over {result.episodes} episodes; model saved to "
+          f"{out}")
     return 0
 
 
@@ -341,7 +348,8 @@ def _auto_noise(env: Any, sft_cfg: SFTConfig) -> float:
     from agentrl.stages.sft import calibrate_noise
 
     noise, rate = calibrate_noise(env, sft_cfg.target_expert_pass_rate, sft_cfg.calibration_seeds)
-    print(f"sft: noise auto -> {noise:g} (the expert passes {rate:.2f} of {sft_cfg.calibration_seeds} calibration episodes)")
+    print(f"sft: noise auto -> {noise:g} (the expert passes {rate:.2f} of {sft_cfg.calibration_seeds} calibration "
+          "episodes)")
     return noise
 
 
@@ -351,10 +359,11 @@ def _auto_noise(env: Any, sft_cfg: SFTConfig) -> float:
 class DPOCommand(Strict):
     model: str = Field(description="The policy to start from (HF folder or hub id); also the frozen reference.")
     out: str = Field(description="Folder for the tuned model and dpo_metrics.jsonl.")
-    pairs: str | None = Field(None, description="JSONL preference pairs ({chosen, rejected} conversations); without it, "
-                              "pairs come from the policy's own rollouts on --env (a passing against a failing episode of "
-                              "one task).")
-    env: EnvConfig = Field(default_factory=EnvConfig, description="The environment to roll out in when --pairs is not given.")
+    pairs: str | None = Field(None, description="JSONL preference pairs ({chosen, rejected} conversations); without "
+                              "it, pairs come from the policy's own rollouts on --env (a passing against a failing "
+                              "episode of one task).")
+    env: EnvConfig = Field(default_factory=EnvConfig, description="The environment to roll out in when --pairs is not "
+                           "given.")
     dpo: DPOConfig = Field(default_factory=DPOConfig)
     seed: int = Field(0, description="Seeds the rollouts that build pairs and the pair order.")
 
@@ -381,8 +390,8 @@ def cmd_dpo(argv: Sequence[str]) -> int:
             pairs, counts = pairs_from_episodes(collect_groups(cfg, policy, dcfg.groups, dcfg.group_size, cmd.seed),
                                                 dcfg.max_pairs_per_group)
             if not pairs:
-                raise UsageError(f"no pairs: all {counts['groups']} groups were all-pass or all-fail; raise --dpo.groups or "
-                                 "start from a policy with a pass rate in (0, 1)")
+                raise UsageError(f"no pairs: all {counts['groups']} groups were all-pass or all-fail; raise "
+                                 "--dpo.groups or start from a policy with a pass rate in (0, 1)")
     except (DataError, OSError) as e:
         raise UsageError(str(e)) from None
     print(f"{len(pairs)} pairs ({', '.join(f'{k} {v}' for k, v in counts.items())})")
@@ -405,16 +414,17 @@ class PipelineFlags(Strict):
 
 
 def cmd_pipeline(argv: Sequence[str]) -> int:
-    cfg, flags, auto = parse_train(argv, "agentrl pipeline", "The recipe: SFT -> DPO/SimPO/IPO -> RL on one train config, "
-                                   "each stage in its own folder under --out, with the held-out pass rate after every "
-                                   "stage; --updates 0 skips RL.", extra=PipelineFlags)
+    cfg, flags, auto = parse_train(argv, "agentrl pipeline", "The recipe: SFT -> DPO/SimPO/IPO -> RL on one train "
+                                   "config, each stage in its own folder under --out, with the held-out pass rate "
+                                   "after every stage; --updates 0 skips RL.", extra=PipelineFlags)
     if auto:
         raise UsageError("--algo auto is for `agentrl train`; give the pipeline an assigner")
     if flags.print_config:
         print(cfg.to_yaml(), end="")
         return 0
     if cfg.model is not None:
-        raise UsageError("the pipeline builds its own SFT policy; start from a model with `agentrl dpo` / `agentrl train --model`")
+        raise UsageError("the pipeline builds its own SFT policy; start from a model with `agentrl dpo` / `agentrl "
+                         "train --model`")
     _check_env(cfg.env.id, cfg.env.kwargs)
     import time
 
@@ -439,32 +449,37 @@ def cmd_pipeline(argv: Sequence[str]) -> int:
 class ProbeCommand(Strict):
     env: str | None = Field(None, description="Environment id or module:Class to roll out (default agentrl/Vault-v0); "
                             "excludes --store.")
-    store: str | None = Field(None, description="Probe a saved store instead of rolling out: a Parquet file, a folder of "
-                              "them, or a run folder (its store/).")
-    env_kw: list[str] = Field([], description="An environment constructor argument KEY=VALUE, e.g. locks=4 (repeatable).")
+    store: str | None = Field(None, description="Probe a saved store instead of rolling out: a Parquet file, a folder "
+                              "of them, or a run folder (its store/).")
+    env_kw: list[str] = Field([], description="An environment constructor argument KEY=VALUE, e.g. locks=4 "
+                              "(repeatable).")
     model: str | None = Field(None, description="HF hub id or folder; default: the tiny policy's SFT warm start.")
-    groups: int = Field(8, ge=1, description="Tasks to roll out: enough groups for the group statistics to mean something.")
+    groups: int = Field(8, ge=1, description="Tasks to roll out: enough groups for the group statistics to mean "
+                        "something.")
     group_size: int | None = Field(None, ge=2, description="Episodes per task; default the train config's (8).")
     seed: int | None = Field(None, description="Seeds the rollout; default the train config's.")
-    config: str | None = Field(None, description="A train config (YAML) to take the environment, model and budget from.")
+    config: str | None = Field(None, description="A train config (YAML) to take the environment, model and budget "
+                               "from.")
     out: str = Field("runs/probe", description="Report folder: report.json, report.md, report.html.")
     sweep: str | None = Field(None, description="Derive the thresholds from this horizon sweep's JSON instead of the "
                               "calibration that ships with agentrl.")
-    threshold: list[str] = Field([], description="Override a threshold, KEY=VALUE, e.g. horizon_cutoff=12 (repeatable).")
-    budget: int | None = Field(None, ge=1, description="Planned training episodes; default for --env: the config's updates "
-                               "x groups x group size.")
-    bakeoff: bool = Field(False, description="Also train each candidate assigner briefly from the same start and plot the "
-                          "learning curves (minutes per assigner).")
+    threshold: list[str] = Field([], description="Override a threshold, KEY=VALUE, e.g. horizon_cutoff=12 "
+                                 "(repeatable).")
+    budget: int | None = Field(None, ge=1, description="Planned training episodes; default for --env: the config's "
+                               "updates x groups x group size.")
+    bakeoff: bool = Field(False, description="Also train each candidate assigner briefly from the same start and plot "
+                          "the learning curves (minutes per assigner).")
     bakeoff_updates: int = Field(10, ge=1, description="Updates per bake-off run.")
-    bakeoff_algos: list[str] | None = Field(None, description="Assigners to run in the bake-off; default all registered.")
+    bakeoff_algos: list[str] | None = Field(None, description="Assigners to run in the bake-off; default all "
+                                            "registered.")
     bakeoff_eval: int = Field(32, ge=1, description="Held-out episodes per bake-off evaluation.")
 
 
 def cmd_probe(argv: Sequence[str]) -> int:
-    cmd = _parse(ProbeCommand, argv, "agentrl probe", "Horizon report: measure episodes (a short rollout of the current "
-                 "policy, or a saved store) — turns, zero-advantage groups, a cross-validated turn-value probe, value-change "
-                 "concentration, ... (docs/algorithms.md, 'The horizon probe') — apply the recommendation rules, and write "
-                 "report.json, report.md and a self-contained report.html into --out.")
+    cmd = _parse(ProbeCommand, argv, "agentrl probe", "Horizon report: measure episodes (a short rollout of the "
+                 "current policy, or a saved store) — turns, zero-advantage groups, a cross-validated turn-value "
+                 "probe, value-change concentration, ... (docs/algorithms.md, 'The horizon probe') — apply the "
+                 "recommendation rules, and write report.json, report.md and a self-contained report.html into --out.")
     if cmd.env and cmd.store:
         raise UsageError("--env and --store exclude each other: probe a rollout or a saved store")
     import json
@@ -481,7 +496,8 @@ def cmd_probe(argv: Sequence[str]) -> int:
         else:
             th = default_thresholds()
         if cmd.threshold:
-            th = ProbeThresholds(**{**th.model_dump(), **{k: v for d in [_kv(cmd.threshold, "--threshold")] for k, v in d.items()}})
+            th = ProbeThresholds(**{**th.model_dump(),
+                                    **{k: v for d in [_kv(cmd.threshold, "--threshold")] for k, v in d.items()}})
     except ValidationError as e:
         raise UsageError(f"--threshold:\n{describe_errors(e)}") from None
     except (ValueError, json.JSONDecodeError) as e:
@@ -507,7 +523,8 @@ def cmd_probe(argv: Sequence[str]) -> int:
                 from agentrl.probe import recommend
 
                 rec, rules = recommend(result.stats, th, cmd.budget)
-                result = result.model_copy(update={"budget_episodes": cmd.budget, "recommendation": rec, "rules": rules})
+                result = result.model_copy(update={"budget_episodes": cmd.budget, "recommendation": rec,
+                                                   "rules": rules})
     except StoreError as e:
         raise UsageError(f"store: {e}") from None
     except (ValueError, FileNotFoundError) as e:
@@ -546,15 +563,15 @@ def cmd_probe(argv: Sequence[str]) -> int:
 
 
 class CheckEnvCommand(Strict):
-    target: Annotated[str, tyro.conf.Positional] = Field(description="Registered id (agentrl/Vault-v0), module:Class or "
-                                                         "path/to/file.py:Class.")
+    target: Annotated[str, tyro.conf.Positional] = Field(description="Registered id (agentrl/Vault-v0), module:Class "
+                                                         "or path/to/file.py:Class.")
     kw: list[str] = Field([], description="A constructor argument KEY=VALUE (repeatable).")
 
 
 def cmd_check_env(argv: Sequence[str]) -> int:
-    cmd = _parse(CheckEnvCommand, argv, "agentrl check-env", "Runs agentrl.checker's checks (reset/step types, malformed "
-                 "calls become observations, the turn budget truncates, the same seed and actions give the same episode, "
-                 "...). Exit status 1 if any fails.")
+    cmd = _parse(CheckEnvCommand, argv, "agentrl check-env", "Runs agentrl.checker's checks (reset/step types, "
+                 "malformed calls become observations, the turn budget truncates, the same seed and actions give the "
+                 "same episode, ...). Exit status 1 if any fails.")
     from rich.table import Table
 
     from agentrl.checker import check_env
@@ -599,8 +616,8 @@ class ReportCommand(Strict):
 
 def cmd_report(argv: Sequence[str]) -> int:
     cmd = _parse(ReportCommand, argv, "agentrl report", "Reads RUN_DIR/metrics.jsonl (a half-written last line is "
-                 "skipped), replays the health alarms where the run did not log them, and writes report.md, report.html "
-                 "(plots embedded) and the plots as PNG files.")
+                 "skipped), replays the health alarms where the run did not log them, and writes report.md, "
+                 "report.html (plots embedded) and the plots as PNG files.")
     from agentrl.report import write_report
 
     try:
@@ -626,8 +643,8 @@ def cmd_algos(argv: Sequence[str]) -> int:
         table.add_column(col)
     yes = {True: "yes", False: "-"}
     for name, spec in ASSIGNERS.items():
-        table.add_row(name, yes[spec.turn_level], yes[spec.reads_hidden()] if not callable(spec.needs_hidden) else "by option",
-                      yes[spec.resampling], spec.description)
+        hidden = yes[spec.reads_hidden()] if not callable(spec.needs_hidden) else "by option"
+        table.add_row(name, yes[spec.turn_level], hidden, yes[spec.resampling], spec.description)
     _console().print(table)
     return 0
 
@@ -649,7 +666,8 @@ def _overview() -> str:
     width = max(map(len, COMMANDS))
     rows = "\n".join(f"  {name:<{width}}  {what}" for name, (_, what) in COMMANDS.items())
     return ("usage: agentrl COMMAND [--help] [FLAGS]\n\nMulti-turn agentic RL for language-model agents.\n\n"
-            f"commands:\n{rows}\n\n`agentrl COMMAND --help` lists a command's flags, each with why its default is what it is.")
+            f"commands:\n{rows}\n\n`agentrl COMMAND --help` lists a command's flags, each with why its default is what "
+            "it is.")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -663,7 +681,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.setup()
     if name not in COMMANDS:
         near = difflib.get_close_matches(name, COMMANDS, n=1)
-        _err(f"unknown command {name!r}" + (f"; did you mean {near[0]!r}?" if near else "") + f" (commands: {', '.join(COMMANDS)})")
+        _err(f"unknown command {name!r}" + (f"; did you mean {near[0]!r}?" if near else "") + " (commands: "
+             f"{', '.join(COMMANDS)})")
         return 2
     try:
         return int(COMMANDS[name][0](rest) or 0)

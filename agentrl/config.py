@@ -70,32 +70,33 @@ class Strict(BaseModel):
 class SamplingConfig(Strict):
     """How actions are sampled."""
 
-    temperature: float = Field(1.0, ge=0.0, description="Softmax temperature; 1.0 samples the policy as trained, 0 is greedy.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling; 1.0 keeps the exact policy distribution that "
-                         "PPO's ratio assumes.")
+    temperature: float = Field(1.0, ge=0.0, description="Softmax temperature; 1.0 samples the policy as trained, 0 is "
+                               "greedy.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling; 1.0 keeps the exact policy distribution "
+                         "that PPO's ratio assumes.")
     top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 disables.")
-    max_new_tokens: int = Field(48, ge=1, description="Per-turn cap on action tokens; an action cut here ends with finish "
-                                "reason 'length'.")
+    max_new_tokens: int = Field(48, ge=1, description="Per-turn cap on action tokens; an action cut here ends with "
+                                "finish reason 'length'.")
 
 
 class LossConfig(Strict):
     """The policy loss shared by every assigner."""
 
     eps_low: float = Field(0.2, ge=0.0, lt=1.0, description="Lower clip range of the ratio (PPO's 0.2).")
-    eps_high: float = Field(0.2, ge=0.0, description="Upper clip range; DAPO's clip-higher raises it to 0.28 so that unlikely "
-                            "good tokens can grow, which resists entropy collapse.")
-    dual_clip: float | None = Field(None, gt=1.0, description="For A < 0, cap the loss at c * |A| (dual-clip PPO, c = 3), so a "
-                                    "stale very-likely token cannot blow the update up.")
-    kl_coef: float = Field(0.0, ge=0.0, description="beta on the k3 KL to the reference. 0 as in DAPO and Dr. GRPO: the "
-                           "verifier, not the reference, anchors the policy; KL is still measured.")
-    entropy_coef: float = Field(0.0, ge=0.0, description="c_H: entropy bonus. Off by default; the health monitor's entropy "
-                                "alarm says when to raise it.")
+    eps_high: float = Field(0.2, ge=0.0, description="Upper clip range; DAPO's clip-higher raises it to 0.28 so that "
+                            "unlikely good tokens can grow, which resists entropy collapse.")
+    dual_clip: float | None = Field(None, gt=1.0, description="For A < 0, cap the loss at c * |A| (dual-clip PPO, c = "
+                                    "3), so a stale very-likely token cannot blow the update up.")
+    kl_coef: float = Field(0.0, ge=0.0, description="beta on the k3 KL to the reference. 0 as in DAPO and Dr. GRPO: "
+                           "the verifier, not the reference, anchors the policy; KL is still measured.")
+    entropy_coef: float = Field(0.0, ge=0.0, description="c_H: entropy bonus. Off by default; the health monitor's "
+                                "entropy alarm says when to raise it.")
     agg: Aggregation = Field("token-mean", description="token-mean (DAPO: long episodes are not down-weighted), "
                              "seq-mean-token-mean (original GRPO), seq-mean-token-sum-norm (Dr. GRPO, with max_len).")
-    max_len: int = Field(512, ge=1, description="L_max of seq-mean-token-sum-norm: the constant that replaces each episode's "
-                         "own length.")
-    ratio: Literal["token", "sequence", "turn"] = Field("token", description="Importance ratio per token (PPO), per episode or "
-                                                        "per turn (GSPO: exp of the mean log-ratio).")
+    max_len: int = Field(512, ge=1, description="L_max of seq-mean-token-sum-norm: the constant that replaces each "
+                         "episode's own length.")
+    ratio: Literal["token", "sequence", "turn"] = Field("token", description="Importance ratio per token (PPO), per "
+                                                        "episode or per turn (GSPO: exp of the mean log-ratio).")
 
 
 class TinyModelConfig(Strict):
@@ -105,19 +106,24 @@ class TinyModelConfig(Strict):
     hidden_size: int = Field(96, ge=8, description="Width of the residual stream; a multiple of num_attention_heads.")
     intermediate_size: int = Field(256, ge=8, description="Width of the MLP blocks.")
     num_hidden_layers: int = Field(2, ge=1, description="Transformer blocks.")
-    num_attention_heads: int = Field(4, ge=1, description="Query heads; hidden_size / heads must be even (rotary embeddings).")
-    num_key_value_heads: int = Field(2, ge=1, description="Key/value heads (grouped-query attention); divides num_attention_heads.")
+    num_attention_heads: int = Field(4, ge=1, description="Query heads; hidden_size / heads must be even (rotary "
+                                     "embeddings).")
+    num_key_value_heads: int = Field(2, ge=1, description="Key/value heads (grouped-query attention); divides "
+                                     "num_attention_heads.")
     max_position_embeddings: int = Field(1024, ge=64, description="Context length; also the rollout's max_context.")
-    vocab_size: int = Field(1024, ge=300, description="BPE target size; the trainer stops early when the corpus has no more merges.")
+    vocab_size: int = Field(1024, ge=300, description="BPE target size; the trainer stops early when the corpus has no "
+                            "more merges.")
 
     @model_validator(mode="after")
     def _shapes_fit(self) -> TinyModelConfig:
         # checked here, not when the model is built: a bad shape must fail before the warm start starts
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {self.num_attention_heads}")
+            raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
+                             f"{self.num_attention_heads}")
         if (self.hidden_size // self.num_attention_heads) % 2:
-            raise ValueError(f"head size hidden_size / num_attention_heads = {self.hidden_size // self.num_attention_heads} "
-                             "must be even (rotary position embeddings rotate pairs of dimensions)")
+            raise ValueError("head size hidden_size / num_attention_heads = "
+                             f"{self.hidden_size // self.num_attention_heads} must be even (rotary position embeddings "
+                             "rotate pairs of dimensions)")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_key_value_heads {self.num_key_value_heads} must divide num_attention_heads "
                              f"{self.num_attention_heads}")
@@ -125,27 +131,35 @@ class TinyModelConfig(Strict):
 
 
 class EnvConfig(Strict):
-    id: Annotated[str, arg(aliases=("--env",))] = Field("agentrl/Vault-v0", description="A registered id (agentrl/Vault-v0), module:Class or path/to/file.py:Class.")
-    kwargs: FreeMapping = Field(default_factory=dict, description="Passed to the environment's constructor (e.g. locks, "
-                                "slack); on the command line --env-kw locks=4.")
+    id: Annotated[str, arg(aliases=("--env",))] = Field("agentrl/Vault-v0", description="A registered id "
+                                                        "(agentrl/Vault-v0), module:Class or path/to/file.py:Class.")
+    kwargs: FreeMapping = Field(default_factory=dict, description="Passed to the environment's constructor (e.g. "
+                                "locks, slack); on the command line --env-kw locks=4.")
 
 
 class RolloutConfig(Strict):
-    groups: int = Field(8, ge=1, description="Tasks per update. 8 x 8 = 64 episodes keeps one batched forward busy on 2 cores.")
-    group_size: int = Field(8, ge=1, description="G episodes per task: the group baseline's sample. 8 leaves few all-equal groups at pass rates 0.2-0.8.")
+    groups: int = Field(8, ge=1, description="Tasks per update. 8 x 8 = 64 episodes keeps one batched forward busy on "
+                        "2 cores.")
+    group_size: int = Field(8, ge=1, description="G episodes per task: the group baseline's sample. 8 leaves few "
+                            "all-equal groups at pass rates 0.2-0.8.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
-    max_context: int | None = Field(None, ge=16, description="Episodes whose next turn would not fit are truncated; default: the model's max positions.")
-    env_workers: str = Field("thread:64", description="Where env reset/step/verify run: thread:N (default; slow tools mostly wait on "
-                             "I/O or a subprocess, and 64 waiting threads overlap a whole 8x8 batch), process:N (CPU-bound Python "
-                             "envs), ray:N (Ray actors, [ray] extra), or serial (one after another, the old loop).")
-    tool_timeout: float | None = Field(60.0, gt=0, description="Wall-clock seconds a tool call may take before the policy is told it "
-                                       "timed out and the episode goes on; 60 s: far beyond a healthy remote API or the sandbox's own "
-                                       "limits, so it only ever catches a hung call. None: no limit.")
-    tool_timeouts: FreeMapping = Field(default_factory=dict, description="Per-tool limits in seconds by tool name (e.g. "
-                                       "run_tests: 10), over the tool's own `timeout` attribute and tool_timeout.")
-    max_batch_rows: int | None = Field(None, ge=1, description="Rows the engine holds at once; the queue's next episodes take the "
-                                       "rows of those that end (continuous batching). None: the whole update at once, which fits "
-                                       "the tiny policy on a CPU; on a GPU, what its memory holds.")
+    max_context: int | None = Field(None, ge=16, description="Episodes whose next turn would not fit are truncated; "
+                                    "default: the model's max positions.")
+    env_workers: str = Field("thread:64", description="Where env reset/step/verify run: thread:N (default; slow tools "
+                             "mostly wait on I/O or a subprocess, and 64 waiting threads overlap a whole 8x8 batch), "
+                             "process:N (CPU-bound Python envs), ray:N (Ray actors, [ray] extra), or serial (one after "
+                             "another, the old loop).")
+    tool_timeout: float | None = Field(60.0, gt=0, description="Wall-clock seconds a tool call may take before the "
+                                       "policy is told it timed out and the episode goes on; 60 s: far beyond a "
+                                       "healthy remote API or the sandbox's own limits, so it only ever catches a hung "
+                                       "call. None: no limit.")
+    tool_timeouts: FreeMapping = Field(default_factory=dict, description="Per-tool limits in seconds by tool name "
+                                       "(e.g. run_tests: 10), over the tool's own `timeout` attribute and "
+                                       "tool_timeout.")
+    max_batch_rows: int | None = Field(None, ge=1, description="Rows the engine holds at once; the queue's next "
+                                       "episodes take the rows of those that end (continuous batching). None: the "
+                                       "whole update at once, which fits the tiny policy on a CPU; on a GPU, what its "
+                                       "memory holds.")
 
     @field_validator("env_workers")
     @classmethod
@@ -168,10 +182,10 @@ class LoraSettings(Strict):
 
     r: int = Field(0, ge=0, description="Adapter rank; 0 trains every weight (full fine-tuning).")
     alpha: float | None = Field(None, gt=0, description="Scaling numerator (the update is alpha/r * BA); default 2r.")
-    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapters' input; 0 keeps rollouts and training "
-                           "the same function.")
-    target_modules: list[str] = Field(["all-linear"], min_length=1, description="Modules that get adapters: all-linear, or "
-                                      "names such as q_proj v_proj.")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapters' input; 0 keeps rollouts and "
+                           "training the same function.")
+    target_modules: list[str] = Field(["all-linear"], min_length=1, description="Modules that get adapters: "
+                                      "all-linear, or names such as q_proj v_proj.")
 
     @field_validator("target_modules", mode="before")
     @classmethod
@@ -185,17 +199,19 @@ class LoraSettings(Strict):
 
 
 class OptimConfig(Strict):
-    lr: float = Field(2e-4, gt=0, description="Policy learning rate. Tiny models tolerate more than LLMs (1e-6 to 1e-5 for 7B).")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW's decoupled weight decay; 0, since RL updates are few and small.")
+    lr: float = Field(2e-4, gt=0, description="Policy learning rate. Tiny models tolerate more than LLMs (1e-6 to 1e-5 "
+                      "for 7B).")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW's decoupled weight decay; 0, since RL updates are few "
+                                "and small.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping, the usual PPO guard against one bad batch.")
-    ppo_epochs: int = Field(1, ge=1, description="Passes over each batch. 1 keeps updates on-policy (ratio ~1); more reuse "
-                            "data at the price of clipping.")
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each batch. 1 keeps updates on-policy (ratio ~1); more "
+                            "reuse data at the price of clipping.")
     minibatches: int = Field(2, ge=1, description="Optimizer steps per epoch, each over 1/minibatches of the episodes.")
     micro_batch_tokens: int = Field(16384, ge=1, description="Padded tokens per forward: a minibatch is split into "
-                                    "micro-batches of episodes of similar length (each padded only to its own longest) whose "
-                                    "gradients add up to the minibatch's.")
-    bf16: bool = Field(True, description="bf16 autocast on a CUDA GPU that supports it (weights and optimizer stay fp32); "
-                       "ignored on CPU.")
+                                    "micro-batches of episodes of similar length (each padded only to its own longest) "
+                                    "whose gradients add up to the minibatch's.")
+    bf16: bool = Field(True, description="bf16 autocast on a CUDA GPU that supports it (weights and optimizer stay "
+                       "fp32); ignored on CPU.")
     lora: LoraSettings = Field(default_factory=LoraSettings)
 
 
@@ -204,28 +220,31 @@ LOADED_SFT_LR = 2e-5  # a pretrained model: the usual fine-tuning rate, so it ke
 
 
 class SFTConfig(Strict):
-    episodes: int = Field(3000, ge=1, description="Demonstrations from the environment's noisy expert (3,000 taught Vault's "
-                          "sums to the tiny policy).")
-    epochs: int = Field(4, ge=1, description="Passes over the demonstrations; 4 teach Vault's sums to the tiny policy (3 "
-                        "taught the format but not the sums).")
-    lr: float | None = Field(None, gt=0, description=f"Peak learning rate (linear decay); default {TINY_SFT_LR:g} for the tiny "
-                             f"policy (it starts from scratch), {LOADED_SFT_LR:g} for a loaded pretrained model.")
+    episodes: int = Field(3000, ge=1, description="Demonstrations from the environment's noisy expert (3,000 taught "
+                          "Vault's sums to the tiny policy).")
+    epochs: int = Field(4, ge=1, description="Passes over the demonstrations; 4 teach Vault's sums to the tiny policy "
+                        "(3 taught the format but not the sums).")
+    lr: float | None = Field(None, gt=0, description=f"Peak learning rate (linear decay); default {TINY_SFT_LR:g} for "
+                             f"the tiny policy (it starts from scratch), {LOADED_SFT_LR:g} for a loaded pretrained "
+                             "model.")
     batch_size: int = Field(32, ge=1, description="Demonstrations per optimizer step.")
     noise: Annotated[float, Field(ge=0, le=1)] | Literal["auto"] = Field(
-        0.35, description="The expert's slip rate: noisy on purpose, so that the warm start leaves RL headroom (Vault at 3 "
-        "locks: the expert itself passes ~0.55). 'auto': bisect it so that the expert passes target_expert_pass_rate of "
-        "calibration_seeds episodes -- a slip rate does not transfer between envs (one whose slips are recoverable "
-        "still passes ~1.0 at 0.35, and its warm start learns to loop).")
+        0.35, description="The expert's slip rate: noisy on purpose, so that the warm start leaves RL headroom (Vault "
+        "at 3 locks: the expert itself passes ~0.55). 'auto': bisect it so that the expert passes "
+        "target_expert_pass_rate of calibration_seeds episodes -- a slip rate does not transfer between envs (one "
+        "whose slips are recoverable still passes ~1.0 at 0.35, and its warm start learns to loop).")
     target_expert_pass_rate: float = Field(0.5, gt=0, lt=1, description="With noise auto: the expert's pass rate to "
                                            "calibrate to. About half, as on Vault: its demonstrations then hold both "
                                            "successes and the mistakes RL has to unlearn.")
-    calibration_seeds: int = Field(48, ge=8, description="With noise auto: episodes per bisection step (48: a pass-rate "
-                                   "standard error of ~0.07 at 0.5; each step costs only expert episodes, no model).")
+    calibration_seeds: int = Field(48, ge=8, description="With noise auto: episodes per bisection step (48: a "
+                                   "pass-rate standard error of ~0.07 at 0.5; each step costs only expert episodes, no "
+                                   "model).")
     warm_start: str | None = Field(None, description="Reuse this warm-start folder (an HF folder, e.g. a cached "
-                                   "~/.cache/agentrl/warm/<key> or an `agentrl sft` output) instead of looking one up by "
-                                   "key: keeps a warm start across changes that would rebuild it.")
-    rebuild: bool = Field(False, description="Rebuild the warm start even if one with the same key is cached (e.g. after "
-                          "changing the expert's behaviour in a way the key's few fingerprint seeds did not show).")
+                                   "~/.cache/agentrl/warm/<key> or an `agentrl sft` output) instead of looking one up "
+                                   "by key: keeps a warm start across changes that would rebuild it.")
+    rebuild: bool = Field(False, description="Rebuild the warm start even if one with the same key is cached (e.g. "
+                          "after changing the expert's behaviour in a way the key's few fingerprint seeds did not "
+                          "show).")
 
     def lr_for(self, pretrained: bool) -> float:
         """The learning rate this SFT runs at: the one given, else the default for a tiny or a pretrained model."""
@@ -233,20 +252,20 @@ class SFTConfig(Strict):
 
 
 class EvalConfig(Strict):
-    episodes: int = Field(128, ge=1, description="Held-out episodes per evaluation; 128 gives a pass-rate standard error of "
-                          "about 0.044.")
+    episodes: int = Field(128, ge=1, description="Held-out episodes per evaluation; 128 gives a pass-rate standard "
+                          "error of about 0.044.")
     every: int = Field(10, ge=0, description="Evaluate every N updates (0: only before and after training).")
     seed_offset: int = Field(1_000_000, ge=0, description="Held-out seeds start here; training seeds stay below it.")
-    temperature: float = Field(1.0, ge=0.0, description="Held-out episodes are sampled at this fixed temperature, whatever the "
-                               "run samples at (or an intervention turned it to), so evaluations of different runs compare; 0 "
-                               "is greedy.")
+    temperature: float = Field(1.0, ge=0.0, description="Held-out episodes are sampled at this fixed temperature, "
+                               "whatever the run samples at (or an intervention turned it to), so evaluations of "
+                               "different runs compare; 0 is greedy.")
 
 
 class LogConfig(Strict):
     tensorboard: bool = Field(False, description="Also write TensorBoard event files into <run>/tensorboard (needs "
                               "`tensorboard`); off: metrics.jsonl always has everything.")
-    wandb: bool = Field(False, description="Also log to Weights & Biases in offline mode into <run>/wandb (needs `wandb`); "
-                        "offline, since runs here have no network.")
+    wandb: bool = Field(False, description="Also log to Weights & Biases in offline mode into <run>/wandb (needs "
+                        "`wandb`); offline, since runs here have no network.")
     wandb_project: str = Field("agentrl", description="W&B project name for `wandb sync` later.")
 
 
@@ -255,19 +274,22 @@ class DPOConfig(Strict):
 
     loss: PrefLoss = Field("dpo", description="dpo (frozen reference), simpo (reference-free, length-normalised), ipo "
                            "(squared, bounded margins).")
-    beta: float | None = Field(None, gt=0, description="How far the policy may move from the reference; default 0.1 for dpo "
-                               "and ipo (DPO's paper), 2.0 for simpo (its length-normalised scores need a larger scale).")
+    beta: float | None = Field(None, gt=0, description="How far the policy may move from the reference; default 0.1 "
+                               "for dpo and ipo (DPO's paper), 2.0 for simpo (its length-normalised scores need a "
+                               "larger scale).")
     simpo_gamma: float = Field(0.5, ge=0, description="SimPO's target reward margin.")
     epochs: int = Field(2, ge=1, description="Passes over the pairs.")
     lr: float = Field(5e-4, gt=0, description="Higher than for LLMs (5e-7) because the tiny policy is small and fresh.")
     batch_pairs: int = Field(16, ge=1, description="Pairs per optimizer step.")
-    groups: int = Field(32, ge=1, description="Rollout groups used to build pairs from the policy's own episodes (pass vs "
-                        "fail of one task).")
-    group_size: int = Field(8, ge=2, description="Episodes per group; at least 2 so a group can hold a pass and a fail.")
+    groups: int = Field(32, ge=1, description="Rollout groups used to build pairs from the policy's own episodes (pass "
+                        "vs fail of one task).")
+    group_size: int = Field(8, ge=2, description="Episodes per group; at least 2 so a group can hold a pass and a "
+                            "fail.")
     max_pairs_per_group: int = Field(4, ge=1, description="Caps pairs from one task so easy tasks do not dominate.")
-    nll_weight: float = Field(1.0, ge=0, description="Adds this times the chosen episodes' per-token NLL (RPO, Pang et al. "
-                              "2024), so DPO cannot push the chosen likelihood down with the rejected one. Measured on Vault "
-                              "(~100 pairs): without it held-out pass rate went 0.47 -> 0.00; with it 0.47 -> 0.63.")
+    nll_weight: float = Field(1.0, ge=0, description="Adds this times the chosen episodes' per-token NLL (RPO, Pang et "
+                              "al. 2024), so DPO cannot push the chosen likelihood down with the rejected one. "
+                              "Measured on Vault (~100 pairs): without it held-out pass rate went 0.47 -> 0.00; with "
+                              "it 0.47 -> 0.63.")
 
     @property
     def resolved_beta(self) -> float:
@@ -280,30 +302,32 @@ _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 class TrainConfig(Strict):
     """Everything `agentrl train` needs; the defaults run the main job on a 2-core CPU in minutes."""
 
-    algo: str = Field("grpo", description="Credit assigner, a key of agentrl.algorithms.ASSIGNERS (see `agentrl algos`); "
-                      "on the command line also `auto`: run the horizon probe first and train with its pick.")
-    preset: Literal["dapo", "dr-grpo"] | None = Field(None, description="Fills in the named recipe's settings that you did not set.")
+    algo: str = Field("grpo", description="Credit assigner, a key of agentrl.algorithms.ASSIGNERS (see `agentrl "
+                      "algos`); on the command line also `auto`: run the horizon probe first and train with its pick.")
+    preset: Literal["dapo", "dr-grpo"] | None = Field(None, description="Fills in the named recipe's settings that you "
+                                                      "did not set.")
     env: EnvConfig = Field(default_factory=EnvConfig)
-    model: str | None = Field(None, description="HF hub id or folder. None builds the tiny policy and warm-starts it by SFT "
-                              "(cached).")
-    engine: str = Field("torch", description="Generation backend, a key of agentrl.engines.ENGINES: torch (CPU/GPU) or vllm "
-                        "(GPU, [vllm] extra).")
+    model: str | None = Field(None, description="HF hub id or folder. None builds the tiny policy and warm-starts it "
+                              "by SFT (cached).")
+    engine: str = Field("torch", description="Generation backend, a key of agentrl.engines.ENGINES: torch (CPU/GPU) or "
+                        "vllm (GPU, [vllm] extra).")
     device: str = Field("auto", description="'auto' (cuda if available), 'cpu', 'cuda' or 'cuda:N'.")
-    updates: int = Field(40, ge=0, description="Policy updates (each one rollout batch); 40 lift Vault-v0 by ~0.3 in ~100 s "
-                         "on 2 cores.")
-    seed: int = Field(0, description="Seeds the model build, the warm start, sampling and the task stream; the same seed "
-                      "repeats a run on CPU.")
+    updates: int = Field(40, ge=0, description="Policy updates (each one rollout batch); 40 lift Vault-v0 by ~0.3 in "
+                         "~100 s on 2 cores.")
+    seed: int = Field(0, description="Seeds the model build, the warm start, sampling and the task stream; the same "
+                      "seed repeats a run on CPU.")
     out: str | None = Field(None, description="Run folder; default runs/<algo>-<time>.")
     credit: SerializeAsAny[CreditConfig] = Field(None, validate_default=True,  # type: ignore[assignment]
                                                  description="Options of the chosen assigner; default: its defaults.")
     loss: LossConfig = Field(default_factory=LossConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
-    sft: SFTConfig = Field(default_factory=SFTConfig, description="The tiny policy's warm start (used when model is None).")
+    sft: SFTConfig = Field(default_factory=SFTConfig, description="The tiny policy's warm start (used when model is "
+                           "None).")
     eval: EvalConfig = Field(default_factory=EvalConfig)
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
-    health: HealthConfig = Field(default_factory=HealthConfig, description="Alarms (entropy collapse, KL drift, stalls, "
-                                 "verifier over-fit, ...) and interventions; see agentrl.health.")
+    health: HealthConfig = Field(default_factory=HealthConfig, description="Alarms (entropy collapse, KL drift, "
+                                 "stalls, verifier over-fit, ...) and interventions; see agentrl.health.")
     log: LogConfig = Field(default_factory=LogConfig, description="Optional loggers beside metrics.jsonl.")
 
     @model_validator(mode="before")
@@ -344,8 +368,8 @@ class TrainConfig(Strict):
         v = dict(v or {})
         given = v.setdefault("algo", algo)
         if given != algo:
-            raise ValueError(f"these options are for {given!r} but algo is {algo!r}: drop credit (or credit.algo) to use "
-                             f"{algo}'s defaults, or set algo: {given}")
+            raise ValueError(f"these options are for {given!r} but algo is {algo!r}: drop credit (or credit.algo) to "
+                             f"use {algo}'s defaults, or set algo: {given}")
         try:
             return spec.config.model_validate(v)
         except ValidationError as e:
@@ -369,10 +393,10 @@ class TrainConfig(Strict):
     def _engine_serves_the_assigner(self) -> TrainConfig:
         engine = get_engine_spec(self.engine)
         if get_spec(self.algo).reads_hidden(self.credit) and not engine.returns_hidden:
-            raise ValueError(f"engine {self.engine} cannot serve algo {self.algo} with these options: its turn critic or "
-                             f"learned PRM reads the policy's hidden states, which {self.engine} does not return; use an "
-                             "engine that does (torch), or an assigner that reads none (grpo, gigpo, steppo with prm env or "
-                             "implicit)")
+            raise ValueError(f"engine {self.engine} cannot serve algo {self.algo} with these options: its turn critic "
+                             f"or learned PRM reads the policy's hidden states, which {self.engine} does not return; "
+                             "use an engine that does (torch), or an assigner that reads none (grpo, gigpo, steppo "
+                             "with prm env or implicit)")
         return self
 
     def to_yaml(self) -> str:
