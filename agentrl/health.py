@@ -8,8 +8,9 @@ old run can be replayed exactly as the live run saw it:
 ...                            (2400, .79, .48, .28), (3200, .79, .11, .44)]]
 >>> [check(rows[: i + 1]).status for i in range(len(rows))]
 ['healthy', 'healthy', 'entropy trending down', 'ENTROPY COLLAPSE', 'stalled + KL drifting']
->>> print(check(rows[:4]).alarms[0].reason)
-entropy 0.480 fell over the last 800 steps and sits below the floor 0.549 (30% of the early 1.830) while pass rate gained only +0.06
+>>> print(check(rows[:4]).alarms[0].reason)  # doctest: +NORMALIZE_WHITESPACE
+entropy 0.480 fell over the last 800 steps and sits below the floor 0.549 (30% of the early 1.830) while pass rate
+gained only +0.06
 
 How the rules read a history (docs/algorithms.md, Training health):
 
@@ -64,40 +65,57 @@ class _Strict(BaseModel):
 
 
 class EntropyBonus(_Strict):
-    enabled: bool = Field(True, description="On ENTROPY COLLAPSE (with --on-alarm intervene), switch on an entropy bonus if none is set.")
-    coef: float = Field(0.01, gt=0, description="c_H to set: 0.01 is PPO's Atari value and a common first try for LLM policies.")
+    enabled: bool = Field(True, description="On ENTROPY COLLAPSE (with --on-alarm intervene), switch on an entropy "
+                          "bonus if none is set.")
+    coef: float = Field(0.01, gt=0, description="c_H to set: 0.01 is PPO's Atari value and a common first try for LLM "
+                        "policies.")
 
 
 class AdaptiveEntropy(_Strict):
-    enabled: bool = Field(False, description="A controller, not an alarm response: acts every update when on (off: it changes the loss you asked for).")
-    target_frac: float = Field(0.5, gt=0, description="Target entropy as a fraction of the early-run entropy: half leaves room to sharpen but keeps exploring.")
-    target: float | None = Field(None, gt=0, description="Absolute target entropy (nats per token); overrides target_frac.")
+    enabled: bool = Field(False, description="A controller, not an alarm response: acts every update when on (off: it "
+                          "changes the loss you asked for).")
+    target_frac: float = Field(0.5, gt=0, description="Target entropy as a fraction of the early-run entropy: half "
+                               "leaves room to sharpen but keeps exploring.")
+    target: float | None = Field(None, gt=0, description="Absolute target entropy (nats per token); overrides "
+                                 "target_frac.")
     step: float = Field(0.005, gt=0, description="Change of c_H per update (+/- 0.005 steps, docs/algorithms.md).")
-    tolerance: float = Field(0.1, ge=0, description="No change while entropy is within this fraction of the target, so the coefficient does not chatter.")
-    max_coef: float = Field(0.05, gt=0, description="Upper bound of c_H; larger bonuses swamp the policy gradient of a sparse reward.")
+    tolerance: float = Field(0.1, ge=0, description="No change while entropy is within this fraction of the target, so "
+                             "the coefficient does not chatter.")
+    max_coef: float = Field(0.05, gt=0, description="Upper bound of c_H; larger bonuses swamp the policy gradient of a "
+                            "sparse reward.")
 
 
 class RaiseTemperature(_Strict):
-    enabled: bool = Field(True, description="Below the entropy floor (with --on-alarm intervene), sample rollouts hotter; back down once entropy recovers.")
-    step: float = Field(0.1, gt=0, description="Temperature change per acting update; small, since the ratio's behaviour log-probs follow it.")
-    max_temperature: float = Field(1.5, gt=0, description="Cap: above ~1.5 tiny policies emit malformed tool calls more than they explore.")
-    recover_frac: float = Field(1.5, ge=1, description="Step back toward the configured temperature once entropy is above floor x this (hysteresis).")
+    enabled: bool = Field(True, description="Below the entropy floor (with --on-alarm intervene), sample rollouts "
+                          "hotter; back down once entropy recovers.")
+    step: float = Field(0.1, gt=0, description="Temperature change per acting update; small, since the ratio's "
+                        "behaviour log-probs follow it.")
+    max_temperature: float = Field(1.5, gt=0, description="Cap: above ~1.5 tiny policies emit malformed tool calls "
+                                   "more than they explore.")
+    recover_frac: float = Field(1.5, ge=1, description="Step back toward the configured temperature once entropy is "
+                                "above floor x this (hysteresis).")
 
 
 class AdaptiveKL(_Strict):
-    enabled: bool = Field(False, description="A controller: acts every update when on (verl's adaptive KL controller, Ziegler et al. 2019).")
-    target: float = Field(0.05, gt=0, description="Target k3 KL per token; half the 0.1 warning level, so the controller acts before the alarm.")
-    init_coef: float = Field(0.001, gt=0, description="beta to start from when the loss has none (kl_coef 0): the controller multiplies, so it needs a start.")
-    max_change: float = Field(0.2, gt=0, le=1, description="beta changes by at most this factor per update (verl clips the proportional error at 0.2).")
+    enabled: bool = Field(False, description="A controller: acts every update when on (verl's adaptive KL controller, "
+                          "Ziegler et al. 2019).")
+    target: float = Field(0.05, gt=0, description="Target k3 KL per token; half the 0.1 warning level, so the "
+                          "controller acts before the alarm.")
+    init_coef: float = Field(0.001, gt=0, description="beta to start from when the loss has none (kl_coef 0): the "
+                             "controller multiplies, so it needs a start.")
+    max_change: float = Field(0.2, gt=0, le=1, description="beta changes by at most this factor per update (verl clips "
+                              "the proportional error at 0.2).")
     max_coef: float = Field(1.0, gt=0, description="Upper bound of beta.")
 
 
 class DynamicSampling(_Strict):
-    enabled: bool = Field(True, description="On STALLED by zero-advantage groups (with --on-alarm intervene), switch the assigner's dynamic sampling to 'resample' (DAPO).")
+    enabled: bool = Field(True, description="On STALLED by zero-advantage groups (with --on-alarm intervene), switch "
+                          "the assigner's dynamic sampling to 'resample' (DAPO).")
 
 
 class VerifierRotation(_Strict):
-    enabled: bool = Field(True, description="On VERIFIER OVERFIT (with --on-alarm intervene), score each episode against more hidden tests drawn from the pool.")
+    enabled: bool = Field(True, description="On VERIFIER OVERFIT (with --on-alarm intervene), score each episode "
+                          "against more hidden tests drawn from the pool.")
     step: int = Field(2, ge=1, description="Extra hidden tests per episode each time it acts.")
     max_tests: int = Field(12, ge=1, description="Cap on hidden tests per episode; the env also caps at its pool size.")
 
@@ -109,7 +127,8 @@ class Interventions(_Strict):
     adaptive_kl: AdaptiveKL = Field(default_factory=AdaptiveKL)
     dynamic_sampling: DynamicSampling = Field(default_factory=DynamicSampling)
     verifier_rotation: VerifierRotation = Field(default_factory=VerifierRotation)
-    cooldown: int = Field(5, ge=0, description="Updates an alarm-triggered intervention waits before acting again, so its effect can show first.")
+    cooldown: int = Field(5, ge=0, description="Updates an alarm-triggered intervention waits before acting again, so "
+                          "its effect can show first.")
 
 
 class HealthConfig(_Strict):
@@ -120,32 +139,62 @@ class HealthConfig(_Strict):
     """
 
     on_alarm: Literal["warn", "stop", "intervene"] = Field(
-        "warn", description="warn: show and log; stop: end the run at the first alarm; intervene: also apply the enabled interventions. warn never changes a run you configured.")
-    smooth_steps: float = Field(2.0, gt=0, description="Half-life (updates) of the moving average; 2 damps 64-episode batch noise yet follows a collapse within a few updates.")
-    trend_steps: int = Field(8, ge=1, description="Span over which rising / falling is judged; 8 updates of the default run move the pass rate ~0.06, well past smoothed noise.")
-    stall_steps: int = Field(24, ge=1, description="Shortest span of the no-progress test: three trend spans, so that a slow but real climb (0.006 per update under 64-episode noise) is not called flat.")
-    stall_max_steps: int = Field(96, ge=1, description="Longest span: the test widens from stall_steps up to this until the pass rate's noise is small enough to call it flat (64-episode noise needs ~60-100 updates).")
-    stall_z: float = Field(2.0, ge=0, description="No progress means the fitted gain plus this many standard errors is still flat: a noisy run is not called flat on a bad draw.")
-    baseline_steps: int = Field(5, ge=1, description="The first updates that set the early-run level of entropy and truncation.")
-    entropy_floor_frac: float = Field(0.3, gt=0, lt=1, description="ENTROPY COLLAPSE needs entropy below this fraction of its early level (30%, docs/algorithms.md).")
-    entropy_trend_frac: float = Field(0.2, gt=0, description="'entropy trending down' when the smoothed entropy fell by this fraction of its early level within the trend span.")
-    entropy_flat_frac: float = Field(0.05, ge=0, description="Entropy counts as flat (the policy is not moving) if its fitted change over the stall span is within this fraction of its level.")
-    monotone_frac: float = Field(0.75, gt=0, le=1, description="'Fell monotonically' allows this share of rising row-to-row steps to be missing, since smoothed noise still wiggles.")
-    rise_min: float = Field(0.08, ge=0, description="Pass rate counts as still rising only if it gained this much over the trend span (~ one standard error of a 64-episode difference).")
-    flat_tol: float = Field(0.02, ge=0, description="Pass rate counts as flat if it gained at most this much per stall_steps (scaled with a wider span).")
-    ceiling: float = Field(1.0, gt=0, le=1, description="The best pass rate the verifier allows; lower it when some tasks cannot be solved.")
-    top_margin: float = Field(0.15, ge=0, le=1, description="A plateau within this of the ceiling is success, never STALLED (a run at 0.9 has little left to learn).")
-    far_margin: float = Field(0.3, ge=0, le=1, description="A plateau more than this below the ceiling is STALLED on its own; between the two margins it needs zero-advantage groups or flat/collapsed entropy too.")
-    zero_adv_max: float = Field(0.75, gt=0, le=1, description="Groups carry no signal when the smoothed share of zero-advantage groups reaches this.")
-    kl_warn: float = Field(0.1, ge=0, description="KL per token above which rising KL with a pass rate that does not rise is drift (verl's adaptive controller targets 0.1).")
-    kl_max: float = Field(0.5, gt=0, description="KL per token that is drift on its own (one practitioner's early-warning figure for 7B models).")
+        "warn", description="warn: show and log; stop: end the run at the first alarm; intervene: also apply the "
+        "enabled interventions. warn never changes a run you configured.")
+    smooth_steps: float = Field(2.0, gt=0, description="Half-life (updates) of the moving average; 2 damps 64-episode "
+                                "batch noise yet follows a collapse within a few updates.")
+    trend_steps: int = Field(8, ge=1, description="Span over which rising / falling is judged; 8 updates of the "
+                             "default run move the pass rate ~0.06, well past smoothed noise.")
+    stall_steps: int = Field(24, ge=1, description="Shortest span of the no-progress test: three trend spans, so that "
+                             "a slow but real climb (0.006 per update under 64-episode noise) is not called flat.")
+    stall_max_steps: int = Field(96, ge=1, description="Longest span: the test widens from stall_steps up to this "
+                                 "until the pass rate's noise is small enough to call it flat (64-episode noise needs "
+                                 "~60-100 updates).")
+    stall_z: float = Field(2.0, ge=0, description="No progress means the fitted gain plus this many standard errors is "
+                           "still flat: a noisy run is not called flat on a bad draw.")
+    baseline_steps: int = Field(5, ge=1, description="The first updates that set the early-run level of entropy and "
+                                "truncation.")
+    entropy_floor_frac: float = Field(0.3, gt=0, lt=1, description="ENTROPY COLLAPSE needs entropy below this fraction "
+                                      "of its early level (30%, docs/algorithms.md).")
+    entropy_trend_frac: float = Field(0.2, gt=0, description="'entropy trending down' when the smoothed entropy fell "
+                                      "by this fraction of its early level within the trend span.")
+    entropy_flat_frac: float = Field(0.05, ge=0, description="Entropy counts as flat (the policy is not moving) if its "
+                                     "fitted change over the stall span is within this fraction of its level.")
+    monotone_frac: float = Field(0.75, gt=0, le=1, description="'Fell monotonically' allows this share of rising "
+                                 "row-to-row steps to be missing, since smoothed noise still wiggles.")
+    rise_min: float = Field(0.08, ge=0, description="Pass rate counts as still rising only if it gained this much over "
+                            "the trend span (~ one standard error of a 64-episode difference).")
+    flat_tol: float = Field(0.02, ge=0, description="Pass rate counts as flat if it gained at most this much per "
+                            "stall_steps (scaled with a wider span).")
+    ceiling: float = Field(1.0, gt=0, le=1, description="The best pass rate the verifier allows; lower it when some "
+                           "tasks cannot be solved.")
+    top_margin: float = Field(0.15, ge=0, le=1, description="A plateau within this of the ceiling is success, never "
+                              "STALLED (a run at 0.9 has little left to learn).")
+    far_margin: float = Field(0.3, ge=0, le=1, description="A plateau more than this below the ceiling is STALLED on "
+                              "its own; between the two margins it needs zero-advantage groups or flat/collapsed "
+                              "entropy too.")
+    zero_adv_max: float = Field(0.75, gt=0, le=1, description="Groups carry no signal when the smoothed share of "
+                                "zero-advantage groups reaches this.")
+    kl_warn: float = Field(0.1, ge=0, description="KL per token above which rising KL with a pass rate that does not "
+                           "rise is drift (verl's adaptive controller targets 0.1).")
+    kl_max: float = Field(0.5, gt=0, description="KL per token that is drift on its own (one practitioner's "
+                          "early-warning figure for 7B models).")
     kl_rise_min: float = Field(0.01, ge=0, description="KL counts as rising if it grew this much over the trend span.")
-    overfit_steps: int = Field(100, ge=1, description="VERIFIER OVERFIT fits the trend of every held-out evaluation in this many updates (at least the last two): with evaluation every 10 updates, 11 evaluations see a steady slide that any two neighbours hide in noise.")
-    overfit_drop: float = Field(0.05, ge=0, description="...and needs the fitted held-out pass rate to fall by at least this over them...")
-    overfit_z: float = Field(3.0, ge=0, description="...and by this many standard errors of the fitted fall (binomial when episode counts are logged, else from the residuals): on a flat held-out rate under 128-episode noise, 1 run in 100 with 13 evaluations saw a false alarm (5 at 2.5).")
-    overfit_rise: float = Field(0.05, ge=0, description="...while the smoothed train pass rate rose by at least this over the same steps.")
-    trunc_rise: float = Field(0.25, gt=0, le=1, description="Truncation blow-up when the truncated share rose this far above its early level (episodes grow past the turn or context budget)...")
-    trunc_max: float | None = Field(None, gt=0, le=1, description="...or reached this share at all. Off by default: where failing means running out of turns (Vault), half the warm start's episodes are truncated by design.")
+    overfit_steps: int = Field(100, ge=1, description="VERIFIER OVERFIT fits the trend of every held-out evaluation in "
+                               "this many updates (at least the last two): with evaluation every 10 updates, 11 "
+                               "evaluations see a steady slide that any two neighbours hide in noise.")
+    overfit_drop: float = Field(0.05, ge=0, description="...and needs the fitted held-out pass rate to fall by at "
+                                "least this over them...")
+    overfit_z: float = Field(3.0, ge=0, description="...and by this many standard errors of the fitted fall (binomial "
+                             "when episode counts are logged, else from the residuals): on a flat held-out rate under "
+                             "128-episode noise, 1 run in 100 with 13 evaluations saw a false alarm (5 at 2.5).")
+    overfit_rise: float = Field(0.05, ge=0, description="...while the smoothed train pass rate rose by at least this "
+                                "over the same steps.")
+    trunc_rise: float = Field(0.25, gt=0, le=1, description="Truncation blow-up when the truncated share rose this far "
+                              "above its early level (episodes grow past the turn or context budget)...")
+    trunc_max: float | None = Field(None, gt=0, le=1, description="...or reached this share at all. Off by default: "
+                                    "where failing means running out of turns (Vault), half the warm start's episodes "
+                                    "are truncated by design.")
     interventions: Interventions = Field(default_factory=Interventions)
 
 
@@ -208,7 +257,8 @@ class Health:
     def status(self) -> str:
         """The dashboard's status column: 'healthy', a notice, or the alarms joined by ' + '."""
         if self.alarms:
-            return " + ".join(ALARMS[a.name].label if a.name in ALARMS else a.name for a in sorted(self.alarms, key=lambda a: _order(a.name)))
+            return " + ".join(ALARMS[a.name].label if a.name in ALARMS else a.name
+                              for a in sorted(self.alarms, key=lambda a: _order(a.name)))
         return " + ".join(self.notices) or "healthy"
 
     def metrics(self) -> dict[str, Any]:
@@ -455,12 +505,14 @@ def check_stalled(r: Reading) -> str | None:
         et = trend(span) if span else None
         mean = sum(v for _, v in span) / len(span) if span else 0.0
         if et is not None and mean > 0 and abs(et.gain) <= cfg.entropy_flat_frac * mean:
-            why.append(f"entropy is flat ({et.gain / mean:+.1%} over {et.span:.0f} steps): the policy has stopped moving")
+            why.append(f"entropy is flat ({et.gain / mean:+.1%} over {et.span:.0f} steps): the policy has stopped "
+                       "moving")
     if t.mean + cfg.stall_z * t.mean_se <= cfg.ceiling - cfg.far_margin:
         why.append(f"the plateau is far below the ceiling {cfg.ceiling:.2f}")
     if not why:
         return None
-    return f"pass rate {t.mean:.2f} gained {t.gain:+.2f} over {t.span:.0f} steps (flat: <= {cfg.flat_tol * want / cfg.stall_steps:+.2f}); " + "; ".join(why)
+    return (f"pass rate {t.mean:.2f} gained {t.gain:+.2f} over {t.span:.0f} steps "
+            f"(flat: <= {cfg.flat_tol * want / cfg.stall_steps:+.2f}); " + "; ".join(why))
 
 
 def check_kl_drift(r: Reading) -> str | None:
@@ -474,11 +526,14 @@ def check_kl_drift(r: Reading) -> str | None:
         return f"KL {now:.3f} per token is above the ceiling {cfg.kl_max}"
     kl_rise = change(kl, cfg.trend_steps)
     held = series(r.rows, HELDOUT)
-    ref, which = (change(held, cfg.trend_steps), "held-out") if len(held) >= 2 and held[-1][0] >= kl[-1][0] - cfg.trend_steps else (r.pass_gain, "train")
+    ref, which = ((change(held, cfg.trend_steps), "held-out")
+                  if len(held) >= 2 and held[-1][0] >= kl[-1][0] - cfg.trend_steps else (r.pass_gain, "train"))
     if which == "held-out" and ref is None:
         ref, which = r.pass_gain, "train"
-    if now >= cfg.kl_warn and kl_rise is not None and kl_rise[0] >= cfg.kl_rise_min and ref is not None and ref[0] <= cfg.flat_tol:
-        return f"KL {now:.3f} per token (>= {cfg.kl_warn}) rose {kl_rise[0]:+.3f} over {kl_rise[1]:.0f} steps while {which} pass rate moved {ref[0]:+.2f}"
+    if (now >= cfg.kl_warn and kl_rise is not None and kl_rise[0] >= cfg.kl_rise_min
+            and ref is not None and ref[0] <= cfg.flat_tol):
+        return (f"KL {now:.3f} per token (>= {cfg.kl_warn}) rose {kl_rise[0]:+.3f} over {kl_rise[1]:.0f} steps "
+                f"while {which} pass rate moved {ref[0]:+.2f}")
     return None
 
 
@@ -505,8 +560,9 @@ def check_verifier_overfit(r: Reading) -> str | None:
     tr0 = [v for s, v in r.pas if s <= s0]
     tr_rise = r.pas[-1][1] - tr0[-1] if tr0 and r.pas else None
     if -t.gain >= need and tr_rise is not None and tr_rise >= cfg.overfit_rise:
-        return (f"held-out pass rate fell {window[0][1]:.2f} -> {window[-1][1]:.2f} over {len(window)} evaluations (fitted {t.gain:+.2f}, "
-                f"needed a fall of {need:.2f}) between steps {s0:.0f} and {r.step:.0f} while train pass rate rose {tr_rise:+.2f}")
+        return (f"held-out pass rate fell {window[0][1]:.2f} -> {window[-1][1]:.2f} over {len(window)} evaluations "
+                f"(fitted {t.gain:+.2f}, needed a fall of {need:.2f}) between steps {s0:.0f} and {r.step:.0f} while "
+                f"train pass rate rose {tr_rise:+.2f}")
     return None
 
 
@@ -586,7 +642,8 @@ def alarm_spans(history: Sequence[Row], cfg: HealthConfig | None = None) -> dict
     """
     rows = [r for r in history if not r.get("final") and float(r.get("step", 0)) > 0]
     logged = any(spec.key in r for r in rows for spec in ALARMS.values())
-    states = [{n for n, spec in ALARMS.items() if r.get(spec.key)} for r in rows] if logged else [h.names for h in replay(rows, cfg)]
+    states = [{n for n, spec in ALARMS.items() if r.get(spec.key)}
+              for r in rows] if logged else [h.names for h in replay(rows, cfg)]
     spans: dict[str, list[tuple[float, float]]] = {}
     for name in ALARMS:
         cur: list[float] | None = None
@@ -651,10 +708,12 @@ def adaptive_entropy(history: Sequence[Row], k: Knobs, c: AdaptiveEntropy, basel
     now = pts[-1][1]
     if now < target * (1 - c.tolerance) and k.entropy_coef < c.max_coef:
         new = min(round(k.entropy_coef + c.step, 6), c.max_coef)
-        return Action("adaptive_entropy", "entropy_coef", k.entropy_coef, new, f"entropy {now:.3f} < target {target:.3f}")
+        return Action("adaptive_entropy", "entropy_coef", k.entropy_coef, new,
+                      f"entropy {now:.3f} < target {target:.3f}")
     if now > target * (1 + c.tolerance) and k.entropy_coef > 0:
         new = max(round(k.entropy_coef - c.step, 6), 0.0)
-        return Action("adaptive_entropy", "entropy_coef", k.entropy_coef, new, f"entropy {now:.3f} > target {target:.3f}")
+        return Action("adaptive_entropy", "entropy_coef", k.entropy_coef, new,
+                      f"entropy {now:.3f} > target {target:.3f}")
     return None
 
 
@@ -667,10 +726,12 @@ def raise_temperature(history: Sequence[Row], h: Health, k: Knobs, c: RaiseTempe
     now = pts[-1][1]
     if now < h.entropy_floor and k.temperature < c.max_temperature:
         new = round(min(k.temperature + c.step, c.max_temperature), 4)
-        return Action("temperature", "temperature", k.temperature, new, f"entropy {now:.3f} < floor {h.entropy_floor:.3f}")
+        return Action("temperature", "temperature", k.temperature, new,
+                      f"entropy {now:.3f} < floor {h.entropy_floor:.3f}")
     if now > h.entropy_floor * c.recover_frac and k.temperature > k.base_temperature:
         new = round(max(k.temperature - c.step, k.base_temperature), 4)
-        return Action("temperature", "temperature", k.temperature, new, f"entropy {now:.3f} recovered above {h.entropy_floor * c.recover_frac:.3f}")
+        return Action("temperature", "temperature", k.temperature, new,
+                      f"entropy {now:.3f} recovered above {h.entropy_floor * c.recover_frac:.3f}")
     return None
 
 
@@ -702,18 +763,21 @@ def dynamic_sampling(h: Health, k: Knobs, c: DynamicSampling) -> Action | None:
     """On STALLED by zero-advantage groups, drop such groups and roll out more (DAPO's resampling)."""
     stalled = next((a for a in h.alarms if a.name == STALLED), None)
     if stalled and "zero advantage" in stalled.reason and k.dynamic_sampling not in (None, "resample"):
-        return Action("dynamic_sampling", "dynamic_sampling", k.dynamic_sampling, "resample", "STALLED: most groups carry zero advantage")
+        return Action("dynamic_sampling", "dynamic_sampling", k.dynamic_sampling, "resample",
+                      "STALLED: most groups carry zero advantage")
     return None
 
 
 def verifier_rotation(h: Health, k: Knobs, c: VerifierRotation) -> Action | None:
     """On VERIFIER OVERFIT, score every episode against more hidden tests from the pool."""
     if VERIFIER_OVERFIT in h.names and k.verifier_tests is not None and k.verifier_tests < c.max_tests:
-        return Action("verifier_rotation", "verifier_tests", k.verifier_tests, min(k.verifier_tests + c.step, c.max_tests), "VERIFIER OVERFIT")
+        return Action("verifier_rotation", "verifier_tests", k.verifier_tests,
+                      min(k.verifier_tests + c.step, c.max_tests), "VERIFIER OVERFIT")
     return None
 
 
-def plan(history: Sequence[Row], health: Health, knobs: Knobs, cfg: HealthConfig, last_acted: dict[str, float] | None = None) -> list[Action]:
+def plan(history: Sequence[Row], health: Health, knobs: Knobs, cfg: HealthConfig,
+         last_acted: dict[str, float] | None = None) -> list[Action]:
     """Every action the enabled interventions take at this update (pure; the trainer applies them).
 
     The controllers (adaptive entropy, adaptive KL) act whenever they are enabled; the alarm
@@ -741,5 +805,5 @@ def plan(history: Sequence[Row], health: Health, knobs: Knobs, cfg: HealthConfig
     return [a for a in actions if a is not None]
 
 
-__all__ = ["ALARMS", "NOTICES", "Action", "Alarm", "AlarmSpec", "Health", "HealthConfig", "Knobs", "Reading", "alarm_spans", "check", "plan",
-           "register", "replay", "series", "smooth", "trend"]
+__all__ = ["ALARMS", "NOTICES", "Action", "Alarm", "AlarmSpec", "Health", "HealthConfig", "Knobs", "Reading",
+           "alarm_spans", "check", "plan", "register", "replay", "series", "smooth", "trend"]

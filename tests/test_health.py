@@ -26,8 +26,9 @@ from agentrl.health import (
 )
 
 # the dashboard of docs/algorithms.md (Training health), exactly: step | pass_rate | group_entropy | kl_to_ref | status
-EXAMPLE = [(200, 0.42, 1.83, 0.04, "healthy"), (800, 0.61, 1.51, 0.11, "healthy"), (1600, 0.73, 1.02, 0.19, "entropy trending down"),
-           (2400, 0.79, 0.48, 0.28, "ENTROPY COLLAPSE"), (3200, 0.79, 0.11, 0.44, "stalled + KL drifting")]
+EXAMPLE = [(200, 0.42, 1.83, 0.04, "healthy"), (800, 0.61, 1.51, 0.11, "healthy"),
+           (1600, 0.73, 1.02, 0.19, "entropy trending down"), (2400, 0.79, 0.48, 0.28, "ENTROPY COLLAPSE"),
+           (3200, 0.79, 0.11, 0.44, "stalled + KL drifting")]
 
 
 def example_rows():
@@ -43,7 +44,8 @@ def healthy_run(seed: int, n: int = 60, episodes: int = 64, eval_every: int = 10
     for t in range(1, n + 1):
         p = min(p0 + slope * t, 0.9)
         r = {"step": t, "rollout/pass_rate": rng.binomial(episodes, p) / episodes, "rollout/episodes": episodes,
-             "train/entropy": h0 * (1 - 0.005 * t) * (1 + rng.normal(0, 0.04)), "train/kl": 0.0012 * t * (1 + rng.normal(0, 0.2)),
+             "train/entropy": h0 * (1 - 0.005 * t) * (1 + rng.normal(0, 0.04)),
+             "train/kl": 0.0012 * t * (1 + rng.normal(0, 0.2)),
              "credit/zero_adv_frac": float(np.clip(0.15 + 0.3 * p + rng.normal(0, 0.1), 0, 1)),
              "rollout/truncated_frac": float(np.clip(0.05 + rng.normal(0, 0.03), 0, 1)),
              "train/loss": float(rng.normal(0, 0.1)), "train/grad_norm": float(abs(rng.normal(0.5, 0.1)))}
@@ -76,7 +78,8 @@ def test_noisy_but_healthy_runs_raise_no_alarm(seed):
 
 def test_entropy_collapse_on_a_dense_run_and_not_when_pass_rate_still_climbs():
     rng = np.random.default_rng(0)
-    rows = [{"step": t, "rollout/pass_rate": 0.5 + rng.normal(0, 0.03), "train/entropy": 1.2 * 0.9 ** t * (1 + rng.normal(0, 0.02))}
+    rows = [{"step": t, "rollout/pass_rate": 0.5 + rng.normal(0, 0.03),
+             "train/entropy": 1.2 * 0.9 ** t * (1 + rng.normal(0, 0.02))}
             for t in range(1, 31)]
     names = [h.names for h in replay(rows)]
     first = next(i for i, n in enumerate(names) if ENTROPY_COLLAPSE in n)
@@ -106,8 +109,10 @@ def test_kl_drift_by_ceiling_and_by_rising_without_progress():
 def test_stalled_by_zero_advantage_groups_and_by_a_flat_pass_rate():
     zero = [{"step": t, "credit/zero_adv_frac": 0.9, "rollout/pass_rate": 0.75} for t in range(1, 31)]
     assert "zero advantage" in check(zero).alarms[0].reason
-    assert STALLED not in check([{**r, "rollout/pass_rate": 0.1 + 0.02 * r["step"]} for r in zero]).names  # signal-starved but climbing
-    assert STALLED not in check([{**r, "credit/zero_adv_frac": 0.5} for r in zero]).names  # 0.75: neither near the top nor far below
+    # signal-starved but climbing
+    assert STALLED not in check([{**r, "rollout/pass_rate": 0.1 + 0.02 * r["step"]} for r in zero]).names
+    # 0.75: neither near the top nor far below
+    assert STALLED not in check([{**r, "credit/zero_adv_frac": 0.5} for r in zero]).names
     flat = [{"step": t, "rollout/pass_rate": 0.55} for t in range(1, 31)]
     assert STALLED in check(flat).names and STALLED not in check(flat[:24]).names  # needs stall_steps of history
     assert "far below the ceiling" in check(flat).alarms[0].reason
@@ -115,7 +120,8 @@ def test_stalled_by_zero_advantage_groups_and_by_a_flat_pass_rate():
 
 
 def synthetic_run(seed: int, n: int, pass_rate, entropy=lambda t: 1.2 * (0.4 + 0.6 * math.exp(-t / 60)),
-                  kl=lambda t: 0.06 * (1 - math.exp(-t / 50)), zero_adv=None, heldout=None, episodes: int = 64, eval_n: int = 128) -> list[dict]:
+                  kl=lambda t: 0.06 * (1 - math.exp(-t / 50)), zero_adv=None, heldout=None, episodes: int = 64,
+                  eval_n: int = 128) -> list[dict]:
     """Rows of a run whose true pass rate, entropy, KL and held-out rate follow the given curves, under
     binomial batch noise (64 episodes per update, 128 per evaluation every 10 updates)."""
     rng = np.random.default_rng(seed)
@@ -129,7 +135,8 @@ def synthetic_run(seed: int, n: int, pass_rate, entropy=lambda t: 1.2 * (0.4 + 0
              "rollout/truncated_frac": float(np.clip(0.05 + rng.normal(0, 0.03), 0, 1)),
              "train/loss": float(rng.normal(0, 0.1)), "train/grad_norm": float(abs(rng.normal(0.5, 0.1)))}
         if t % 10 == 0:
-            r["eval/pass_rate"], r["eval/episodes"] = rng.binomial(eval_n, heldout(t) if heldout else p) / eval_n, eval_n
+            r["eval/pass_rate"], r["eval/episodes"] = (rng.binomial(eval_n, heldout(t) if heldout else p) / eval_n,
+                                                       eval_n)
         rows.append(r)
     return rows
 
@@ -174,8 +181,10 @@ def test_stalled_fires_on_a_real_stall_within_the_noise_scaled_window(seed):
 
 def test_stalled_between_the_margins_needs_a_missing_signal():
     # a plateau at 0.78 (between 0.7 and 0.85): stalled only if entropy stopped moving or groups carry no signal
-    flat = [{"step": t, "rollout/pass_rate": 0.78 + 0.01 * (-1) ** t, "credit/zero_adv_frac": 0.4} for t in range(1, 41)]
-    moving = [{**r, "train/entropy": 1.0 - 0.01 * r["step"]} for r in flat]  # -40% over the span: the policy still changes
+    flat = [{"step": t, "rollout/pass_rate": 0.78 + 0.01 * (-1) ** t, "credit/zero_adv_frac": 0.4}
+            for t in range(1, 41)]
+    # -40% over the span: the policy still changes
+    moving = [{**r, "train/entropy": 1.0 - 0.01 * r["step"]} for r in flat]
     still = [{**r, "train/entropy": 0.6 + 0.005 * (-1) ** r["step"]} for r in flat]
     starved = [{**r, "credit/zero_adv_frac": 0.9} for r in moving]
     assert STALLED not in check(flat).names and STALLED not in check(moving).names
@@ -195,7 +204,8 @@ def test_verifier_overfit_needs_a_drop_beyond_noise_while_train_rises():
     assert VERIFIER_OVERFIT not in run(0.60, 0.62).names
     assert VERIFIER_OVERFIT in run(0.60, 0.50).names  # without counts: the absolute drop rule (0.05)
     assert VERIFIER_OVERFIT not in run(0.60, 0.50, episodes=128).names  # within 2.5 standard errors of 128 episodes
-    flat_train = [{"step": t, "rollout/pass_rate": 0.5, **({"eval/pass_rate": 0.6 if t == 10 else 0.4} if t in (10, 20) else {})} for t in range(1, 21)]
+    flat_train = [{"step": t, "rollout/pass_rate": 0.5,
+                   **({"eval/pass_rate": 0.6 if t == 10 else 0.4} if t in (10, 20) else {})} for t in range(1, 21)]
     assert VERIFIER_OVERFIT not in check(flat_train).names  # both falling: not over-fitting the verifier
 
 
@@ -229,7 +239,8 @@ def test_truncation_blow_up_and_non_finite_values():
 
 def test_final_rows_health_keys_and_strings_are_ignored_and_smoothing_follows_the_step_gap():
     rows = example_rows()
-    noisy = [{**r, "health/status": "x", "health/reasons": ["y"]} for r in rows] + [{"step": 3200, "eval/pass_rate": 0.1, "final": True}]
+    noisy = ([{**r, "health/status": "x", "health/reasons": ["y"]} for r in rows]
+             + [{"step": 3200, "eval/pass_rate": 0.1, "final": True}])
     assert check(noisy).status == check(rows).status
     assert smooth([(0, 0.0), (1, 1.0), (2, 1.0), (3, 1.0)], 2.0)[-1][1] < 1.0  # dense: smoothed
     assert smooth([(0, 0.0), (1000, 1.0)], 2.0)[-1][1] == pytest.approx(1.0, abs=1e-3)  # sparse: as it stands
@@ -237,7 +248,8 @@ def test_final_rows_health_keys_and_strings_are_ignored_and_smoothing_follows_th
 
 def test_alarm_spans_from_a_replay_and_from_logged_states():
     rows = example_rows()
-    assert alarm_spans(rows) == {ENTROPY_COLLAPSE: [(2400.0, 2400.0)], STALLED: [(3200.0, 3200.0)], KL_DRIFT: [(3200.0, 3200.0)]}
+    assert alarm_spans(rows) == {ENTROPY_COLLAPSE: [(2400.0, 2400.0)], STALLED: [(3200.0, 3200.0)],
+                                 KL_DRIFT: [(3200.0, 3200.0)]}
     logged = [{**r, **check(rows[: i + 1]).metrics()} for i, r in enumerate(rows)]
     logged[1]["health/stalled"] = 1.0  # logged states win over a replay: the report shows what the run saw
     assert alarm_spans(logged)[STALLED] == [(800.0, 800.0), (3200.0, 3200.0)]
@@ -263,14 +275,16 @@ def test_the_console_dashboard_has_the_example_shape_and_colours_the_status(tmp_
     assert [str(c) for c in cells] == [e[-1] for e in EXAMPLE]
     assert [c.style for c in cells] == ["green", "green", "yellow", "bold red", "bold red"]
     printed = console.file.getvalue()
-    assert "ALARM step 2400  ENTROPY COLLAPSE: entropy 0.480" in printed and "cleared step 3200  ENTROPY COLLAPSE" in printed
+    assert ("ALARM step 2400  ENTROPY COLLAPSE: entropy 0.480" in printed
+            and "cleared step 3200  ENTROPY COLLAPSE" in printed)
 
 
 @pytest.fixture
 def few_turns_alarm():
     """A toy alarm added the one way there is: a spec and its check, registered."""
     spec = register(AlarmSpec("FEW TURNS", "few turns", "health/few_turns",
-                              lambda r: f"{pts[-1][1]:.1f} turns per episode" if (pts := r.raw("rollout/turns_mean")) and pts[-1][1] < 1.5 else None))
+                              lambda r: f"{pts[-1][1]:.1f} turns per episode"
+                              if (pts := r.raw("rollout/turns_mean")) and pts[-1][1] < 1.5 else None))
     yield spec
     del ALARMS[spec.name]
 

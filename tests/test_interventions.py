@@ -31,7 +31,8 @@ from agentrl.health import (
 
 
 def knobs(**kw) -> Knobs:
-    base = dict(entropy_coef=0.0, kl_coef=0.0, temperature=1.0, base_temperature=1.0, dynamic_sampling="off", verifier_tests=3)
+    base = dict(entropy_coef=0.0, kl_coef=0.0, temperature=1.0, base_temperature=1.0, dynamic_sampling="off",
+                verifier_tests=3)
     return Knobs(**{**base, **kw})
 
 
@@ -48,7 +49,8 @@ def test_entropy_bonus_switches_on_at_collapse_only():
     assert (a.knob, a.old, a.new) == ("entropy_coef", 0.0, 0.01)
     assert entropy_bonus(health(), knobs(), EntropyBonus()) is None
     assert entropy_bonus(health(STALLED), knobs(), EntropyBonus()) is None
-    assert entropy_bonus(health(ENTROPY_COLLAPSE), knobs(entropy_coef=0.02), EntropyBonus()) is None  # already at least that
+    # already at least that
+    assert entropy_bonus(health(ENTROPY_COLLAPSE), knobs(entropy_coef=0.02), EntropyBonus()) is None
 
 
 def test_adaptive_entropy_steps_toward_the_target_and_rests_inside_the_band():
@@ -67,8 +69,10 @@ def test_temperature_rises_below_the_floor_and_returns_once_entropy_recovers():
     c = RaiseTemperature()
     assert raise_temperature(entropy_rows(0.2), health(floor=0.3), knobs(), c).new == 1.1
     assert raise_temperature(entropy_rows(0.35), health(floor=0.3), knobs(), c) is None  # above floor, at base
-    assert raise_temperature(entropy_rows(0.35), health(floor=0.3), knobs(temperature=1.2), c) is None  # in the hysteresis band
-    assert raise_temperature(entropy_rows(0.5), health(floor=0.3), knobs(temperature=1.2), c).new == 1.1  # recovered: back down
+    # in the hysteresis band
+    assert raise_temperature(entropy_rows(0.35), health(floor=0.3), knobs(temperature=1.2), c) is None
+    # recovered: back down
+    assert raise_temperature(entropy_rows(0.5), health(floor=0.3), knobs(temperature=1.2), c).new == 1.1
     assert raise_temperature(entropy_rows(0.2), health(floor=0.3), knobs(temperature=1.5), c) is None  # at the cap
     assert raise_temperature(entropy_rows(0.2), health(floor=None), knobs(), c) is None  # no floor known yet
 
@@ -87,9 +91,11 @@ def test_adaptive_kl_is_proportional_clipped_and_still_at_the_target():
 def test_dynamic_sampling_on_zero_advantage_stalls_only():
     zero = health(STALLED, reason="90% of groups carry zero advantage (>= 75%)")
     assert dynamic_sampling(zero, knobs(), DynamicSampling()).new == "resample"
-    assert dynamic_sampling(health(STALLED, reason="pass rate 0.55 gained +0.00 over 24 steps"), knobs(), DynamicSampling()) is None
+    assert dynamic_sampling(health(STALLED, reason="pass rate 0.55 gained +0.00 over 24 steps"), knobs(),
+                            DynamicSampling()) is None
     assert dynamic_sampling(zero, knobs(dynamic_sampling="resample"), DynamicSampling()) is None
-    assert dynamic_sampling(zero, knobs(dynamic_sampling=None), DynamicSampling()) is None  # the assigner has no such option
+    # the assigner has no such option
+    assert dynamic_sampling(zero, knobs(dynamic_sampling=None), DynamicSampling()) is None
 
 
 def test_verifier_rotation_on_overfit_when_the_env_rotates():
@@ -116,10 +122,12 @@ def test_plan_acts_on_alarms_only_with_intervene_and_respects_the_cooldown():
     assert plan(rows, h, knobs(), HealthConfig(on_alarm="warn")) == []
     acted = plan(rows, h, knobs(), HealthConfig(on_alarm="intervene"))
     assert {a.intervention for a in acted} == {"entropy_bonus", "temperature"}
-    assert plan(rows, h, knobs(), HealthConfig(on_alarm="intervene"), last_acted={"entropy_bonus": 8, "temperature": 8}) == []
+    assert plan(rows, h, knobs(), HealthConfig(on_alarm="intervene"),
+                last_acted={"entropy_bonus": 8, "temperature": 8}) == []
     # a controller acts whatever on_alarm says, when it is enabled
     ctl = HealthConfig(on_alarm="warn", interventions={"adaptive_kl": {"enabled": True}})
-    assert [a.intervention for a in plan([{"step": 1, "train/kl": 0.2}], health(), knobs(kl_coef=0.01), ctl)] == ["adaptive_kl"]
+    acted = plan([{"step": 1, "train/kl": 0.2}], health(), knobs(kl_coef=0.01), ctl)
+    assert [a.intervention for a in acted] == ["adaptive_kl"]
 
 
 # -- in the trainer ---------------------------------------------------------------------------------
@@ -157,6 +165,7 @@ def test_trainer_applies_and_logs_an_intervention(tmp_path, vault_policy_dir):
 def test_on_alarm_stop_ends_the_run_at_the_first_alarm(tmp_path, vault_policy_dir):
     # Babble's 8-token cap truncates every episode: TRUNCATION BLOW-UP from update 1 with an absolute limit
     summary, rows = _run(tmp_path, vault_policy_dir, health={"on_alarm": "stop", "trunc_max": 0.5})
-    assert summary["updates_done"] == 1 and summary["stopped"].startswith("step 1: TRUNCATION BLOW-UP: 100% of episodes")
+    assert (summary["updates_done"] == 1
+            and summary["stopped"].startswith("step 1: TRUNCATION BLOW-UP: 100% of episodes"))
     assert [r["step"] for r in rows if r.get("final")] == [1]
     assert rows[1]["health/truncation"] == 1.0 and rows[1]["health/level"] == "alarm"
