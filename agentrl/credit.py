@@ -211,6 +211,14 @@ class TurnHead(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x).squeeze(-1)
 
+    def train_state(self) -> dict[str, Any]:
+        """The head's weights and its optimizer's moments (what its next `fit` starts from), for checkpoints."""
+        return {"net": self.state_dict(), "opt": self.opt.state_dict()}
+
+    def load_train_state(self, state: dict[str, Any]) -> None:
+        self.load_state_dict(state["net"])
+        self.opt.load_state_dict(state["opt"])
+
     def fit(self, x: torch.Tensor, y: torch.Tensor, old: torch.Tensor | None = None, loss: str = "mse") -> float:
         """Train on examples (N, H) -> (N,); returns the last epoch's mean loss."""
         if len(x) == 0:
@@ -297,6 +305,12 @@ class TurnCritic:
         if final is None:
             return torch.zeros(batch.size)
         return self.head(final) * batch.truncated.float()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.head.train_state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.head.load_train_state(state)
 
     def fit(self, feats: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor,
             old: torch.Tensor | None = None) -> dict[str, float]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -206,6 +207,27 @@ class Monitor:
             self._live.start()
         self._progress.update(self._task, completed=metrics["step"])
         self._live.update(Group(self.table(), self._progress))
+
+    def position(self) -> dict[str, Any]:
+        """Where the run's record stands, for a checkpoint: metrics.jsonl's length in bytes (on disk, fsync'ed)
+        and the alarms the console last showed as on."""
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        return {"bytes": self._file.tell(), "alarms_on": sorted(self._alarms_on)}
+
+    def rewind(self, position: dict[str, Any]) -> None:
+        """Go back to `position` (a resumed run): metrics.jsonl is cut to it, so the rows written after the
+        checkpoint are written once, again, by the resumed run; the console's table shows the rows kept."""
+        path = self.out / "metrics.jsonl"
+        self._file.flush()
+        size, keep = path.stat().st_size, int(position["bytes"])
+        if size < keep:
+            raise ValueError(f"{path} holds {size} bytes, fewer than the {keep} the checkpoint recorded: the run "
+                             "folder was changed after the checkpoint was written")
+        os.truncate(path, keep)  # the file is open for appending: the next row lands at the new end
+        self._alarms_on = set(position["alarms_on"])
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        self.rows = [r for r in rows if not r.get("final")]
 
     def close(self, summary: dict[str, Any] | None = None) -> None:
         if self._live is not None:

@@ -179,6 +179,19 @@ def make_batch(episodes: Sequence[Episode], pad_id: int) -> TurnBatch:
     )
 
 
+def truncate_store(folder: str | Path, update: int) -> list[Path]:
+    """Remove the store files of updates after `update` (`update_XXXXX_*.parquet`, and any half-written
+    `.tmp`): a run resumed from `update`'s checkpoint rolls those updates out again. Returns what it removed."""
+    folder = Path(folder)
+    removed = []
+    for f in sorted(folder.glob("update_*.parquet*")) if folder.is_dir() else []:
+        number = f.name[len("update_"):].split("_", 1)[0]
+        if number.isdigit() and (f.name.endswith(".tmp") or int(number) > update):
+            f.unlink()
+            removed.append(f)
+    return removed
+
+
 class TrajectoryStore:
     """Episodes grouped by `group_id`; append, save/load as Parquet, hand out `TurnBatch`es.
 

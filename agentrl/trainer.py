@@ -19,8 +19,10 @@ import functools
 import json
 import math
 import random
+import signal
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,18 +30,22 @@ import numpy as np
 import torch
 
 from agentrl.algorithms import get_spec
-from agentrl.config import TrainConfig
+from agentrl.checkpoint import CheckpointError, clear_run, latest, rng_state, set_rng_state
+from agentrl.checkpoint import read as read_checkpoint
+from agentrl.checkpoint import write as write_checkpoint
+from agentrl.config import SamplingConfig, TrainConfig
 from agentrl.core import Episode, make
 from agentrl.credit import Credit
-from agentrl.config import SamplingConfig
 from agentrl.engines import get_engine_spec
 from agentrl.health import Action, Knobs, check, plan
 from agentrl.loss import policy_loss
 from agentrl.monitor import Monitor
 from agentrl.policy import Policy, add_lora, token_stats
 from agentrl.rollout import rollout
-from agentrl.store import TrajectoryStore, TurnBatch, make_batch
+from agentrl.store import TrajectoryStore, TurnBatch, make_batch, truncate_store
 from agentrl.workers import make_pool
+
+CHECKPOINTS = "checkpoints"  # <run>/checkpoints/update_XXXXX: what --resume continues from
 
 
 class EpisodeErrors(RuntimeError):
@@ -137,22 +143,32 @@ class Trainer:
     """One RL run. `Trainer(cfg).train()` is what `agentrl train` calls."""
 
     def __init__(self, cfg: TrainConfig, monitor: Monitor | None = None, start: str | Path | None = None,
-                 decisions: dict[str, Any] | None = None):
+                 decisions: dict[str, Any] | None = None, resume: bool = False, overwrite: bool = False):
         """`start` is the policy to begin from when `cfg.model` is None: the tiny policy's warm start,
         built by stage one (`agentrl.stages.sft.warm_start`) before the loop, as `train()` does.
         `decisions` is what was decided before the run (e.g. `--algo auto`'s pick, rule and statistics):
-        written into config.yaml's header and summary.json."""
+        written into config.yaml's header and summary.json. `resume` continues the run in `cfg.out` from
+        its newest checkpoint that verifies (`cfg` must be the run's own config); `overwrite` first
+        removes a previous run's files from `cfg.out`. A folder that holds a run is refused otherwise."""
         from accelerate import Accelerator
 
         cfg = cfg.model_copy(deep=True)  # interventions turn knobs on this copy, never on the caller's config
         self.cfg = cfg
         self.decisions = dict(decisions or {})
         self.out = Path(cfg.out or f"runs/{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
+        if overwrite:
+            clear_run(self.out)
+        elif not resume and _holds_run(self.out):
+            raise FileExistsError(f"{self.out} holds a run already (metrics.jsonl); resume it (agentrl train --resume "
+                                  f"{self.out}), overwrite it (--overwrite), or choose another --out")
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "config.yaml").write_text(_decisions_header(self.decisions) + cfg.to_yaml())
+        if not resume or not (self.out / "config.yaml").exists():  # a resumed run keeps its own (and its header)
+            (self.out / "config.yaml").write_text(_decisions_header(self.decisions) + cfg.to_yaml())
         self.monitor = monitor or Monitor(self.out, total=cfg.updates, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb,
                                           wandb_project=cfg.log.wandb_project, config=cfg.model_dump(mode="json"))
         self.monitor.say(f"run folder: {self.out}")
+        found = latest(self.out / CHECKPOINTS, warn=lambda m: self.monitor.say(f"[yellow]warning[/yellow]: {m}")) \
+            if resume else None
 
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
@@ -195,6 +211,105 @@ class Trainer:
         self.base_temperature = cfg.rollout.sampling.temperature  # what a temperature intervention returns to
         self.history: list[dict[str, Any]] = []  # every logged row: what the alarms read
         self.last_acted: dict[str, float] = {}  # intervention -> step it last acted (cooldowns)
+        # where the loop stands: the last update done, the held-out evaluations the summary reads, why it stopped
+        self.done = 0
+        self.warm: EvalResult | None = None
+        self.last_eval: EvalResult | None = None
+        self.stopped: str | None = None
+        self.resumed_from: Path | None = None
+        self._signal: int | None = None
+        self.checkpoint_seconds: list[float] = []  # what each checkpoint of this process cost
+        if resume:
+            self._resume(found)
+
+    # -- checkpoints: everything the next update depends on ----------------------------------------
+
+    def checkpoint(self) -> Path:
+        """Save the run as it stands after update `self.done` (agentrl.checkpoint; atomic, checksummed)."""
+        model = self.accelerator.unwrap_model(self.model)
+        if self.cfg.optim.lora.r:  # the adapters only: the base is rebuilt from its source as it was loaded
+            weights = {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad}
+        else:
+            weights = {n: t.detach().cpu() for n, t in model.state_dict().items()}
+        rng_json, rng_tensors = rng_state()
+        engine = self.engine.state_dict() if hasattr(self.engine, "state_dict") else None
+        k = self.knobs()
+        state = {
+            "update": self.done, "next_group": self.next_group, "task_rng": self.task_rng.bit_generator.state,
+            "rng": rng_json, "history": self.history, "last_acted": self.last_acted,
+            # the knobs interventions may have turned (the rest of the config is the run's config.yaml)
+            "knobs": {"entropy_coef": k.entropy_coef, "kl_coef": k.kl_coef, "temperature": k.temperature,
+                      "dynamic_sampling": getattr(self.cfg.credit, "dynamic_sampling", None),
+                      "verifier_tests": k.verifier_tests},
+            "critic_only_updates": self.critic_only_updates, "said_policy_moves": self._said_policy_moves,
+            "warm": None if self.warm is None else asdict(self.warm),
+            "last_eval": None if self.last_eval is None else asdict(self.last_eval),
+            "stopped": self.stopped, "decisions": self.decisions, "monitor": self.monitor.position(),
+            "engine_state": engine is not None,
+        }
+        files = {"model.pt": weights, "optimizer.pt": self.optimizer.state_dict(), "assigner.pt": self.assigner.state_dict(),
+                 "rng.pt": {**rng_tensors, **({"engine": engine} if engine is not None else {})}, "state.json": state}
+        return write_checkpoint(self.out / CHECKPOINTS, self.done, files, keep=self.cfg.checkpoint.keep)
+
+    def _resume(self, found: tuple[Path, dict[str, Any]] | None) -> None:
+        """Load the checkpoint `found` (None: there is none yet, the run starts over), and cut
+        metrics.jsonl and the store back to its update."""
+        if found is None:
+            self.monitor.say(f"[yellow]warning[/yellow]: {self.out} has no checkpoint that verifies; the run starts "
+                             "from the beginning")
+            self.monitor.rewind({"bytes": 0, "alarms_on": []})
+            truncate_store(self.out / "store", 0)
+            return
+        folder, _ = found
+        state = read_checkpoint(folder, "state.json")
+        model = self.accelerator.unwrap_model(self.model)
+        weights = read_checkpoint(folder, "model.pt")
+        missing, unexpected = model.load_state_dict(weights, strict=not self.cfg.optim.lora.r)
+        if unexpected or (not self.cfg.optim.lora.r and missing):
+            raise CheckpointError(f"{folder}: model.pt does not fit this policy (unexpected {unexpected[:3]}, missing "
+                                  f"{missing[:3]})")
+        self.optimizer.load_state_dict(read_checkpoint(folder, "optimizer.pt"))
+        self.assigner.load_state_dict(read_checkpoint(folder, "assigner.pt"))
+        rng = read_checkpoint(folder, "rng.pt")
+        if state["engine_state"]:
+            self.engine.load_state_dict(rng.pop("engine"))
+        set_rng_state(state["rng"], rng)
+        self.task_rng.bit_generator.state = state["task_rng"]
+        self.next_group, self.done = int(state["next_group"]), int(state["update"])
+        self.history, self.last_acted = state["history"], state["last_acted"]
+        knobs = state["knobs"]
+        self.cfg.loss.entropy_coef, self.cfg.loss.kl_coef = knobs["entropy_coef"], knobs["kl_coef"]
+        self.cfg.rollout.sampling.temperature = knobs["temperature"]  # in place: the engine holds this object
+        if knobs["dynamic_sampling"] is not None:
+            self.cfg.credit = self.cfg.credit.model_copy(update={"dynamic_sampling": knobs["dynamic_sampling"]})
+            self.assigner.cfg = self.cfg.credit
+        if knobs["verifier_tests"] is not None:
+            for env in self.envs:
+                env.hidden_per_episode = int(knobs["verifier_tests"])
+        self.critic_only_updates, self._said_policy_moves = state["critic_only_updates"], state["said_policy_moves"]
+        self.warm = None if state["warm"] is None else EvalResult(**state["warm"])
+        self.last_eval = None if state["last_eval"] is None else EvalResult(**state["last_eval"])
+        self.stopped, self.decisions = state["stopped"], state["decisions"]
+        self.monitor.rewind(state["monitor"])
+        truncate_store(self.out / "store", self.done)
+        self.resumed_from = folder
+        self.monitor.say(f"resumed from {folder} (update {self.done} of {self.cfg.updates})")
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        if self._signal is not None:  # a second Ctrl-C: stop now, without the checkpoint
+            raise KeyboardInterrupt
+        self._signal = signum
+        self.monitor.say(f"[yellow]{signal.Signals(signum).name}[/yellow]: finishing this update, then saving a "
+                         "checkpoint (again to stop at once)")
+
+    def _exit_on_signal(self) -> None:
+        """After a signal: the checkpoint is saved; say how to go on and exit as the signal would (128 + its number)."""
+        if self._signal is None:
+            return
+        name = signal.Signals(self._signal).name
+        self.monitor.say(f"{name} at update {self.done}: checkpoint saved; resume with: agentrl train --resume {self.out}")
+        self.monitor.close()
+        raise SystemExit(128 + self._signal)
 
     # -- health: knobs the interventions may turn, and applying their actions ----------------------
 
@@ -376,20 +491,36 @@ class Trainer:
     # -- the run ------------------------------------------------------------------------------------
 
     def train(self, warm: EvalResult | None = None) -> dict[str, Any]:
-        """Run every update; `warm` reuses a held-out evaluation of this same starting policy."""
+        """Run every update (from the checkpoint's on a resumed run); `warm` reuses a held-out evaluation
+        of this same starting policy. SIGTERM / SIGINT finish the update, save a checkpoint and exit."""
+        handlers = {}
+        if threading.current_thread() is threading.main_thread():
+            handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            return self._train(warm)
+        finally:
+            for s, h in handlers.items():
+                signal.signal(s, h)
+
+    def _train(self, warm: EvalResult | None) -> dict[str, Any]:
         cfg = self.cfg
         t_start = time.perf_counter()
         trained = sum(p.numel() for p in self.trainable)
         self.monitor.say(f"policy: {self.policy.num_parameters:,} parameters ({trained:,} trained); assigner: {cfg.algo}; {cfg.updates} updates of "
                          f"{cfg.rollout.groups}x{cfg.rollout.group_size} episodes on {cfg.env.id}")
-        warm = warm or evaluate(cfg, self.policy, self.eval_sampling, self.max_context)
-        self.monitor.say(f"warm start: held-out pass rate {warm.pass_rate:.3f} over {warm.episodes} episodes")
-        self.history.append({"step": 0, **warm.metrics()})
-        self.monitor.log(self.history[-1])
-        last_eval = warm
-        stopped: str | None = None
-        done = 0
-        for update in range(1, cfg.updates + 1):
+        if self.warm is None:  # a fresh run (a resumed one has it from its checkpoint)
+            self.warm = warm or evaluate(cfg, self.policy, self.eval_sampling, self.max_context)
+            self.last_eval = self.warm
+            self.monitor.say(f"warm start: held-out pass rate {self.warm.pass_rate:.3f} over {self.warm.episodes} episodes")
+            self.history.append({"step": 0, **self.warm.metrics()})
+            self.monitor.log(self.history[-1])
+            self._exit_on_signal()  # nothing to save yet: a resumed run starts over
+        warm = self.warm
+        every = cfg.checkpoint.every
+        saved = self.resumed_from is not None
+        for update in range(self.done + 1, cfg.updates + 1):
+            if self.stopped:
+                break
             t0 = time.perf_counter()
             episodes, metrics = self.collect(update)
             t_roll = time.perf_counter() - t0
@@ -409,12 +540,20 @@ class Trainer:
             metrics["time/rollout_s"] = t_roll
             metrics["time/update_s"] = time.perf_counter() - t0
             if cfg.eval.every and update % cfg.eval.every == 0 and update != cfg.updates:
-                last_eval = evaluate(cfg, self.policy, self.eval_sampling, self.max_context)
-                metrics.update(last_eval.metrics())
-            done = update
-            stopped = self.check_health({"step": update, **metrics})
-            if stopped:
-                break
+                self.last_eval = evaluate(cfg, self.policy, self.eval_sampling, self.max_context)
+                metrics.update(self.last_eval.metrics())
+            self.done = update
+            self.stopped = self.check_health({"step": update, **metrics})
+            saved = bool((every and update % every == 0) or update == cfg.updates or self.stopped or self._signal)
+            if saved:
+                t_ckpt = time.perf_counter()
+                self.checkpoint()
+                self.checkpoint_seconds.append(time.perf_counter() - t_ckpt)
+            self._exit_on_signal()
+        if not saved and self.done:  # the end, when the last update was not saved (a stop by an alarm is)
+            self.checkpoint()
+        self._exit_on_signal()
+        done, stopped, last_eval = self.done, self.stopped, self.last_eval
         final = evaluate(cfg, self.policy, self.eval_sampling, self.max_context) if done else last_eval
         self.monitor.log({"step": done, **final.metrics(), "final": True})
         ckpt = self.out / "checkpoint"
@@ -446,7 +585,12 @@ class Trainer:
             "checkpoint": str(ckpt),
             "wall_s": time.perf_counter() - t_start,
         }
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        tmp = self.out / "summary.json.tmp"  # atomically: a kill leaves the old file or the new, never half of one
+        tmp.write_text(json.dumps(summary, indent=2))
+        tmp.replace(self.out / "summary.json")
+        if self.checkpoint_seconds:
+            self.monitor.say(f"checkpoints: {len(self.checkpoint_seconds)} written, "
+                             f"{sum(self.checkpoint_seconds) / len(self.checkpoint_seconds):.2f}s each")
         self.monitor.close(summary)
         return summary
 
@@ -464,6 +608,11 @@ def _groups(episodes: list[Episode]) -> list[list[Episode]]:
     for e in episodes:
         out.setdefault(e.group_id, []).append(e)
     return list(out.values())
+
+
+def _holds_run(out: Path) -> bool:
+    """Whether `out` holds (part of) a run: a second run's rows appended to its metrics.jsonl would mix two runs."""
+    return any((out / name).exists() for name in ("metrics.jsonl", CHECKPOINTS, "summary.json"))
 
 
 def _decisions_header(decisions: dict[str, Any]) -> str:

@@ -46,6 +46,14 @@ class ARPO(GRPO):
         self.critic = critic if critic is not None else TurnCritic(size, self.cfg.critic)
         self.gate_passes = 0
 
+    def state_dict(self) -> dict[str, Any]:
+        """The critic (weights and optimizer) and the gate passes that ramp lambda up."""
+        return {"critic": self.critic.state_dict(), "gate_passes": self.gate_passes}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.critic.load_state_dict(state["critic"])
+        self.gate_passes = int(state["gate_passes"])
+
     @property
     def lam(self) -> float:
         return self.cfg.lam_max * min(1.0, self.gate_passes / self.cfg.ramp_updates)

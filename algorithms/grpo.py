@@ -9,6 +9,8 @@ carries it. Related: GRPO (DeepSeekMath, arXiv 2402.03300), RLOO (2402.14740), D
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from agentrl.algorithms.configs import GRPOConfig
@@ -28,6 +30,14 @@ class GRPO:
 
     def fit(self, batch: TurnBatch) -> Fit:
         return Fit()  # nothing to learn: the group is the baseline
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the next update depends on besides the batch (a checkpoint's part): nothing, for grpo."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            raise ValueError(f"{type(self).__name__} has no state to load; got {sorted(state)}")
 
     def episode_advantages(self, batch: TurnBatch) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
         """(B,) advantages, (B,) row weights and credit metrics; reused by the turn-level assigners."""

@@ -46,6 +46,17 @@ class StepPO(GRPO):
             size = hidden_size or (policy.model.config.hidden_size if policy is not None else None)
             self.head = TurnHead(size, self.cfg.head)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The learned PRM's head and its optimizer (the env and implicit PRMs hold no state)."""
+        return {"head": self.head.train_state()} if self.head is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if (self.head is None) != ("head" not in state):
+            raise ValueError(f"steppo prm={self.cfg.prm}: the saved state " + ("has" if "head" in state else "lacks")
+                             + " a learned PRM head")
+        if self.head is not None:
+            self.head.load_train_state(state["head"])
+
     def score(self, batch: TurnBatch) -> torch.Tensor:
         """(B, K) step scores, 0 on empty turn slots."""
         mask = batch.turn_mask

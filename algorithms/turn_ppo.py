@@ -46,6 +46,14 @@ class TurnPPO:
         self.updates = 0
         self.warm = self.cfg.warmup_updates == 0
 
+    def state_dict(self) -> dict[str, Any]:
+        """The critic (weights and optimizer) and the warm-up's counter and verdict."""
+        return {"critic": self.critic.state_dict(), "updates": self.updates, "warm": self.warm}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.critic.load_state_dict(state["critic"])
+        self.updates, self.warm = int(state["updates"]), bool(state["warm"])
+
     def advantages(self, batch: TurnBatch,
                    feats: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(A, V, bootstrap) under the current critic; A is not whitened."""

@@ -88,7 +88,8 @@ def row_uniforms(stream: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
     return _shr(_splitmix(_splitmix(stream) + counter), 11).double() / float(1 << 53)
 
 
-def _append(view: torch.Tensor, buf: torch.Tensor | None, new: torch.Tensor, room: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _append(view: torch.Tensor, buf: torch.Tensor | None, new: torch.Tensor, room: int,
+            dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`torch.cat([view, new], dim)` written into `buf`, of which `view` is the leading part; returns
     the new view and the buffer. The buffer is reallocated (to `room` positions, or just enough when
     `room` is smaller) only when it is full, so appending a token copies one token, not the tensor.
@@ -119,8 +120,10 @@ class _RollingLayer(DynamicLayer):
         self.key_buf: torch.Tensor | None = None  # (B, H, capacity, D)
         self.value_buf: torch.Tensor | None = None
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.get_seq_length() == 0:  # the first write sets the layer up as the parent does (its API varies by version)
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args,
+               **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        # the first write sets the layer up as the parent does (its API varies by version)
+        if self.get_seq_length() == 0:
             return super().update(key_states, value_states, *args, **kwargs)
         self.keys, self.key_buf = _append(self.keys, self.key_buf, key_states, self.cache.room, dim=-2)
         self.values, self.value_buf = _append(self.values, self.value_buf, value_states, self.cache.room, dim=-2)
@@ -141,8 +144,8 @@ class _RollingCache(DynamicCache):
 class TorchEngine:
     """Generate with a transformers causal LM, keeping each row's KV cache across turns."""
 
-    def __init__(self, model: torch.nn.Module, sampling: SamplingConfig, stop_ids: Sequence[int], eos_id: int, pad_id: int,
-                 seed: int | None = None, capture_hidden: bool = False):
+    def __init__(self, model: torch.nn.Module, sampling: SamplingConfig, stop_ids: Sequence[int], eos_id: int,
+                 pad_id: int, seed: int | None = None, capture_hidden: bool = False):
         self.model = model
         # Turn critics read the hidden state at the last context token of each turn; it falls out
         # of the forward that produces the turn's first logits, so capturing it costs no pass.
@@ -165,6 +168,19 @@ class TorchEngine:
         if seed is not None:
             self.generator = torch.Generator().manual_seed(seed)
         self.sessions = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the sampler stands (its session-key generator and the number of sessions opened): a
+        resumed run's next session then draws the key, and so the tokens, the uninterrupted run would."""
+        return {"generator": None if self.generator is None else self.generator.get_state(), "sessions": self.sessions}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if (state["generator"] is None) != (self.generator is None):
+            raise ValueError("engine state: saved from an engine " + ("without" if state["generator"] is None else "with")
+                             + " a seed, loaded into one " + ("without" if self.generator is None else "with") + " one")
+        if self.generator is not None:
+            self.generator.set_state(state["generator"])
+        self.sessions = int(state["sessions"])
 
     def open(self, prompts: Sequence[Sequence[int]]) -> TorchSession:
         # the session's key: the engine's seed and the number of sessions before it (or torch's own RNG without a seed)
@@ -193,7 +209,8 @@ class TorchSession:
         self.key = key
         self.slot_rows: list[int | None] = list(range(len(prompts)))  # the caller's row in each slot (None: free)
         self.drawn = torch.zeros(len(prompts), dtype=torch.long, device=dev)  # (B,) tokens each row has sampled
-        self.fresh = [True] * len(prompts)  # not fed yet: a reused slot's old positions are masked out at its first feed
+        # not fed yet: a reused slot's old positions are masked out at its first feed
+        self.fresh = [True] * len(prompts)
         self.cache: DynamicCache = _RollingCache()
         self.mask = torch.zeros(len(prompts), 0, dtype=torch.long, device=dev)  # (B, L) 1 = real token
         self.mask_buf: torch.Tensor | None = None  # (B, capacity): `mask` is its leading part
@@ -261,7 +278,8 @@ class TorchSession:
         active = set(slots)
         for s in slots:
             if not self.pending[s]:
-                raise ValueError(f"row {self.slot_rows[s]} has nothing to feed: extend() it with its observation before generate()")
+                raise ValueError(f"row {self.slot_rows[s]} has nothing to feed: extend() it with its observation "
+                                 "before generate()")
             if self.fresh[s]:  # a reused slot: the previous row's positions are holes to the new one
                 if self.cache_len:
                     self.mask[s] = 0
@@ -290,7 +308,8 @@ class TorchSession:
         return self._forward(ids, m, hidden=self.engine.capture_hidden)
 
     @torch.inference_mode()
-    def generate(self, forced: Sequence[Sequence[int]] | None = None, rows: Sequence[int] | None = None) -> list[Generation]:
+    def generate(self, forced: Sequence[Sequence[int]] | None = None,
+                 rows: Sequence[int] | None = None) -> list[Generation]:
         """One action for each of `rows` (default: every row), in that order; the other rows stay as
         they are. `forced` (one token list per row) replaces sampling by those tokens (teacher
         forcing: same forwards, same log-probs; for replaying episodes and benchmarks)."""
@@ -320,7 +339,8 @@ class TorchSession:
                 tok, lp = sample_tokens(logits, cfg, uniforms=u)
             else:
                 tok = forced_t[:, t]
-                lp = torch.log_softmax(logits.float() / (cfg.temperature or 1.0), -1).gather(-1, tok[:, None]).squeeze(-1)
+                lp = torch.log_softmax(logits.float() / (cfg.temperature or 1.0), -1).gather(
+                    -1, tok[:, None]).squeeze(-1)
             live = ~done  # rows that produce a real token at this step
             self.drawn += live.long()
             tokens[:, t] = torch.where(live, tok, eng.pad_id)
@@ -423,4 +443,5 @@ class TorchSession:
 def for_policy(policy: Any, sampling: SamplingConfig, seed: int, capture_hidden: bool = False) -> TorchEngine:
     """The registry's builder (agentrl.engines.ENGINES["torch"]): generate from the policy's own model."""
     chat = policy.chat
-    return TorchEngine(policy.model, sampling, chat.stop_ids, chat.eos_id, chat.pad_id, seed=seed, capture_hidden=capture_hidden)
+    return TorchEngine(policy.model, sampling, chat.stop_ids, chat.eos_id, chat.pad_id, seed=seed,
+                       capture_hidden=capture_hidden)
