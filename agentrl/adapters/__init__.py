@@ -1,0 +1,6 @@
+"""Environments from the ecosystem, each behind its own optional extra and imported only when used.
+
+- `agentrl.adapters.openenv.OpenEnvEnv`: any OpenEnv server's environment (``[openenv]``).
+- `agentrl.adapters.serve`: any agentrl environment served as an OpenEnv server (``agentrl serve-env``).
+- `agentrl.adapters.gym_text.GymTextEnv`: any gymnasium env with text spaces (``--env.id gym:SomeId``).
+"""
