@@ -544,7 +544,12 @@ def make(env_id: str, **kwargs: Any) -> AgentEnv:
 
     A registered id goes through `gymnasium.make`; agentrl's own ids are registered without
     gymnasium's checker and order wrappers, so both return the bare `AgentEnv` that the rollout steps.
+    `gym:SomeId` wraps any gymnasium env whose spaces are text (`agentrl.adapters.gym_text`).
     """
+    if env_id.startswith("gym:"):  # before the module:Class split: a gymnasium id may hold a colon of its own
+        from agentrl.adapters.gym_text import GymTextEnv
+
+        return GymTextEnv(env_id.removeprefix("gym:"), **kwargs)
     module, _, attr = env_id.rpartition(":")
     if module.endswith(".py") or (module and "/" not in module):
         try:
