@@ -1,8 +1,15 @@
 """Built-in environments, registered with gymnasium as ``agentrl/<Name>-v0``."""
 
+import importlib.util
+
 from agentrl.envs import (  # noqa: F401
     code,
     math,
     sql,
     vault,  # noqa: F401
 )
+
+# Adapters to other projects' environments register their ids only where that project is installed (the
+# optional extras in pyproject.toml), so `import agentrl.envs` and check_env over every id work without them.
+if importlib.util.find_spec("textarena") is not None:
+    from agentrl.envs import textarena_games  # noqa: F401
