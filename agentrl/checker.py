@@ -53,9 +53,9 @@ def has_expert(env: AgentEnv) -> bool:
 
 
 NO_EXPERT = ("the environment has no scripted expert (expert_action(noise) is not implemented), so there are no "
-             "demonstrations to warm-start the tiny policy from: `agentrl train` needs --model (a folder or hub id), e.g. "
-             "one fine-tuned on your own demonstrations with `agentrl sft --data demos.jsonl --env.id ENV --out warm/` "
-             "(format: README, 'Write your own environment'), or implement expert_action")
+             "demonstrations to warm-start the tiny policy from: `agentrl train` needs --model (a folder or hub id), "
+             "e.g. one fine-tuned on your own demonstrations with `agentrl sft --data demos.jsonl --env.id ENV --out "
+             "warm/` (format: README, 'Write your own environment'), or implement expert_action")
 
 
 def _expert(env: AgentEnv) -> Callable[[AgentEnv], str] | None:
@@ -97,7 +97,8 @@ def check_step(env: AgentEnv) -> None:
 
 def check_malformed_call_is_observation(env: AgentEnv) -> None:
     env.reset(seed=0)
-    for bad in [GARBAGE, "<tool_call>{not json}</tool_call>", '<tool_call>{"name": "no_such_tool", "arguments": {}}</tool_call>']:
+    for bad in [GARBAGE, "<tool_call>{not json}</tool_call>",
+                '<tool_call>{"name": "no_such_tool", "arguments": {}}</tool_call>']:
         obs, _, _, _, info = env.step(bad)
         assert isinstance(obs, str) and obs, f"a malformed call must be answered with an explanation, got {obs!r}"
         assert info.get("malformed", 0) >= 1, f"a malformed call ({bad!r}) was not counted in info['malformed']"

@@ -83,7 +83,8 @@ class _Driver:
     """One rollout's loop: admit episodes into free rows, generate for the rows that are ready,
     hand their actions to the pool, take the pool's answers as they come."""
 
-    def __init__(self, envs, seeds, engine, chat, group_ids, max_context, max_new_tokens, pool, max_rows, policy_version):
+    def __init__(self, envs, seeds, engine, chat, group_ids, max_context, max_new_tokens, pool, max_rows,
+                 policy_version):
         self.envs, self.seeds, self.engine, self.chat = envs, seeds, engine, chat
         self.group_ids, self.max_context, self.max_new_tokens = group_ids, max_context, max_new_tokens
         self.pool, self.max_rows, self.policy_version = pool, max_rows, policy_version
@@ -103,7 +104,8 @@ class _Driver:
         t0 = time.perf_counter()
         n = len(self.envs)
         prompts: dict[int, list[int]] = {}
-        resets = {self.pool.submit(i, env, "reset", seed): i for i, env in enumerate(self.envs) for seed in [self.seeds[i]]}
+        resets = {self.pool.submit(i, env, "reset", seed): i for i, env in enumerate(self.envs)
+                  for seed in [self.seeds[i]]}
         self.in_flight.update({f: ("reset", i) for f, i in resets.items()})
         queue = collections.deque(range(n))  # admitted in order, so groups enter together
         self.session = self.engine.open([])
@@ -209,7 +211,8 @@ class _Driver:
         key = info.get("state_key")
         ep.turns.append(
             Turn(self.ctx[row], gen.ids, gen.logprobs, obs_ids, self.chat.decode(gen.ids), obs,
-                 float(info.get("step_reward") or 0.0), None if key is None else repr(key), int(info.get("malformed", 0)),
+                 float(info.get("step_reward") or 0.0), None if key is None else repr(key),
+                 int(info.get("malformed", 0)),
                  gen.hidden)
         )
         ep.tool_timeouts += int(info.get("tool_timeouts", 0))

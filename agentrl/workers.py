@@ -158,7 +158,8 @@ class EnvPool:
 
     kind = ""
 
-    def __init__(self, workers: int, tool_timeout: float | None = None, tool_timeouts: Mapping[str, float] | None = None):
+    def __init__(self, workers: int, tool_timeout: float | None = None,
+                 tool_timeouts: Mapping[str, float] | None = None):
         if workers < 1:
             raise ValueError(f"{type(self).__name__}: workers must be >= 1, got {workers}")
         self.workers = workers
@@ -189,7 +190,8 @@ class SerialPool(EnvPool):
 
     kind = "serial"
 
-    def __init__(self, workers: int = 1, tool_timeout: float | None = None, tool_timeouts: Mapping[str, float] | None = None):
+    def __init__(self, workers: int = 1, tool_timeout: float | None = None,
+                 tool_timeouts: Mapping[str, float] | None = None):
         super().__init__(1, tool_timeout, tool_timeouts)
         self.runner = ToolRunner(tool_timeout, self.tool_timeouts)
 
@@ -211,7 +213,8 @@ class ThreadPool(EnvPool):
 
     kind = "thread"
 
-    def __init__(self, workers: int = 64, tool_timeout: float | None = None, tool_timeouts: Mapping[str, float] | None = None):
+    def __init__(self, workers: int = 64, tool_timeout: float | None = None,
+                 tool_timeouts: Mapping[str, float] | None = None):
         super().__init__(workers, tool_timeout, tool_timeouts)
         self.runner = ToolRunner(tool_timeout, self.tool_timeouts)
         self.executor = cf.ThreadPoolExecutor(workers, thread_name_prefix="agentrl-env")
@@ -275,7 +278,8 @@ class ProcessPool(EnvPool):
 
     kind = "process"
 
-    def __init__(self, workers: int = 2, tool_timeout: float | None = None, tool_timeouts: Mapping[str, float] | None = None):
+    def __init__(self, workers: int = 2, tool_timeout: float | None = None,
+                 tool_timeouts: Mapping[str, float] | None = None):
         super().__init__(workers, tool_timeout, tool_timeouts)
         ctx = mp.get_context("spawn")
         self._ids = itertools.count()
@@ -284,7 +288,8 @@ class ProcessPool(EnvPool):
         self._conns, self._procs, self._send_locks = [], [], []
         for i in range(workers):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_serve, args=(child, tool_timeout, self.tool_timeouts), name=f"agentrl-env-{i}", daemon=True)
+            proc = ctx.Process(target=_serve, args=(child, tool_timeout, self.tool_timeouts), name=f"agentrl-env-{i}",
+                               daemon=True)
             proc.start()
             child.close()
             self._conns.append(parent)
@@ -348,7 +353,8 @@ class RayPool(EnvPool):
 
     kind = "ray"
 
-    def __init__(self, workers: int = 2, tool_timeout: float | None = None, tool_timeouts: Mapping[str, float] | None = None):
+    def __init__(self, workers: int = 2, tool_timeout: float | None = None,
+                 tool_timeouts: Mapping[str, float] | None = None):
         super().__init__(workers, tool_timeout, tool_timeouts)
         try:
             import ray

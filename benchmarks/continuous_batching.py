@@ -71,7 +71,8 @@ def main() -> None:
 
     envs, seeds, gids = episodes_for(locks, args.group_size)
     t0 = time.perf_counter()
-    refill, _ = rollout(envs, seeds, engine_for(policy, args.new_tokens), chat, group_ids=gids, max_batch_rows=args.rows)
+    refill, _ = rollout(envs, seeds, engine_for(policy, args.new_tokens), chat, group_ids=gids,
+                        max_batch_rows=args.rows)
     refill_s = time.perf_counter() - t0
 
     envs, seeds, gids = episodes_for(locks, args.group_size)
@@ -79,14 +80,16 @@ def main() -> None:
     t0 = time.perf_counter()
     baseline = []
     for i in range(0, len(envs), args.rows):
-        part, _ = rollout(envs[i : i + args.rows], seeds[i : i + args.rows], engine, chat, group_ids=gids[i : i + args.rows])
+        part, _ = rollout(envs[i : i + args.rows], seeds[i : i + args.rows], engine, chat,
+                          group_ids=gids[i : i + args.rows])
         baseline += part
     baseline_s = time.perf_counter() - t0
 
     assert [e.token_ids() for e in refill] == [e.token_ids() for e in baseline], "refill changed an episode"
     assert [e.group_id for e in refill] == gids
     tokens = sum(len(e.token_ids()) for e in refill)
-    result = {"benchmark": "continuous_batching", "episodes": len(refill), "rows": args.rows, "group_size": args.group_size,
+    result = {"benchmark": "continuous_batching", "episodes": len(refill), "rows": args.rows,
+              "group_size": args.group_size,
               "locks": locks, "turns_total": sum(e.num_turns for e in refill), "tokens": tokens, "quick": args.quick,
               "threads": torch.get_num_threads(), "refill_s": round(refill_s, 3), "baseline_s": round(baseline_s, 3),
               "refill_episodes_per_s": round(len(refill) / refill_s, 2),
@@ -94,7 +97,8 @@ def main() -> None:
     print(f"{len(refill)} episodes through {args.rows} rows: refill {refill_s:.2f} s, batches to completion "
           f"{baseline_s:.2f} s: {baseline_s / refill_s:.2f}x")
     Path(__file__).parent.joinpath("results").mkdir(exist_ok=True)
-    Path(__file__).parent.joinpath("results", "continuous_batching.json").write_text(json.dumps(result, indent=1) + "\n")
+    Path(__file__).parent.joinpath("results", "continuous_batching.json").write_text(
+        json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))
 
 

@@ -47,7 +47,8 @@ class SlowVault(VaultEnv):
         return super().step(action)
 
 
-def run(policy: Policy, latency: float, turns: int, episodes: int, new_tokens: int, workers: str) -> tuple[float, list[list[int]]]:
+def run(policy: Policy, latency: float, turns: int, episodes: int, new_tokens: int,
+        workers: str) -> tuple[float, list[list[int]]]:
     chat = policy.chat
     envs = [SlowVault(latency, locks=1, slack=turns - 2) for _ in range(episodes)]
     engine = TorchEngine(policy.model, SamplingConfig(max_new_tokens=new_tokens), stop_ids=[], eos_id=chat.eos_id,
@@ -71,7 +72,8 @@ def main() -> None:
     if args.quick:
         args.episodes = 16
 
-    build_tiny_policy(expert_texts(make("agentrl/Vault-v0", locks=2), range(100), noise=0.3), args.out, TinyModelConfig(), seed=0)
+    build_tiny_policy(expert_texts(make("agentrl/Vault-v0", locks=2), range(100), noise=0.3), args.out,
+                      TinyModelConfig(), seed=0)
     policy = Policy.load(args.out)
     policy.model.eval()
     run(policy, 0.0, 4, args.episodes, args.new_tokens, "thread:64")  # warm-up
@@ -82,19 +84,20 @@ def main() -> None:
         for latency in args.latency:
             default, tokens = run(policy, latency, turns, args.episodes, args.new_tokens, "thread:64")
             assert tokens == ref_tokens, "a tool's latency changed the episodes"
-            case = {"latency_s": latency, "turns": turns, "zero_latency_s": round(zero, 3), "default_s": round(default, 3),
-                    "default_vs_zero": round(default / zero, 3)}
+            case = {"latency_s": latency, "turns": turns, "zero_latency_s": round(zero, 3),
+                    "default_s": round(default, 3), "default_vs_zero": round(default / zero, 3)}
             if not args.quick or latency <= 0.02:
                 serial, tokens = run(policy, latency, turns, args.episodes, args.new_tokens, "serial")
                 assert tokens == ref_tokens
                 case.update(serial_s=round(serial, 3), serial_vs_default=round(serial / default, 2))
             cases.append(case)
-            print(f"{latency * 1000:.0f} ms x {turns} turns: default {default:.2f} s = {default / zero:.2f}x zero-latency "
-                  f"({zero:.2f} s)" + (f"; serial {case['serial_s']:.2f} s = {case['serial_vs_default']:.1f}x default"
-                                       if "serial_s" in case else ""))
+            print(f"{latency * 1000:.0f} ms x {turns} turns: default {default:.2f} s = {default / zero:.2f}x "
+                  f"zero-latency ({zero:.2f} s)"
+                  + (f"; serial {case['serial_s']:.2f} s = {case['serial_vs_default']:.1f}x default"
+                     if "serial_s" in case else ""))
     key = next((c for c in cases if c["latency_s"] == 0.02 and c["turns"] == 16 and "serial_vs_default" in c), None)
-    result = {"benchmark": "tool_latency", "episodes": args.episodes, "new_tokens": args.new_tokens, "quick": args.quick,
-              "threads": torch.get_num_threads(), "cases": cases,
+    result = {"benchmark": "tool_latency", "episodes": args.episodes, "new_tokens": args.new_tokens,
+              "quick": args.quick, "threads": torch.get_num_threads(), "cases": cases,
               "max_default_vs_zero": max(c["default_vs_zero"] for c in cases),
               "ratio": key["serial_vs_default"] if key else None}
     Path(__file__).parent.joinpath("results").mkdir(exist_ok=True)

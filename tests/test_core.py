@@ -98,8 +98,10 @@ def test_malformed_call_is_a_counted_observation(action, needle):
     "action, needle",
     [
         ("<tool_call>" + "[" * 1000 + "]" * 1000 + "</tool_call>", "nested too deeply"),  # RecursionError in json
-        ('<tool_call>{"name": "add", "arguments": {"x": ' + "7" * 4301 + "}}</tool_call>", "number too long"),  # int() limit
-        ('<tool_call>{"name": "add", "arguments": "' + "[" * 5000 + '"}</tool_call>', '"arguments" must be a JSON object'),
+        # int() limit
+        ('<tool_call>{"name": "add", "arguments": {"x": ' + "7" * 4301 + "}}</tool_call>", "number too long"),
+        ('<tool_call>{"name": "add", "arguments": "' + "[" * 5000 + '"}</tool_call>',
+         '"arguments" must be a JSON object'),
         ('<tool_call>{"name": "add", "arguments": {"' + "k" * 10_000 + '": 1}}</tool_call>', "more characters"),
     ],
     ids=["nested-1000-deep", "int-of-4301-digits", "arguments-string-nested-5000-deep", "key-of-10000-characters"],
@@ -123,11 +125,13 @@ def test_an_unclosed_call_after_a_closed_one_is_run_counted_and_explained():
 def test_malformed_calls_after_the_ending_call_are_counted_but_nothing_more_runs():
     env = Counter()
     env.reset(seed=0)
-    action = call("add", x=3) + call("submit", answer=3) + call("add", x=9) + call("add", x="nine") + call("mul") + call("boom")
+    action = (call("add", x=3) + call("submit", answer=3) + call("add", x=9) + call("add", x="nine") + call("mul")
+              + call("boom"))
     obs, r, term, _, info = env.step(action)
     assert term and r == 1.0 and env.total == 3  # add(9) and boom() were not run
     assert info["malformed"] == 2  # add("nine") and the unknown mul
-    assert obs.splitlines() == ["total 3", "submitted 3", "(4 call(s) after the one that ended the episode were not run)"]
+    assert obs.splitlines() == ["total 3", "submitted 3", "(4 call(s) after the one that ended the episode were not "
+                                "run)"]
 
 
 def test_turn_budget_truncates_never_terminates():
@@ -144,7 +148,8 @@ def test_raising_tool_names_env_episode_and_turn():
     env.reset(seed=0)
     env.reset(seed=1)  # episode 1
     env.step(call("add", x=1))
-    with pytest.raises(EnvError, match=r"env Counter, episode 1, turn 2: tool 'boom' raised ZeroDivisionError: division by zero"):
+    with pytest.raises(EnvError, match=r"env Counter, episode 1, turn 2: tool 'boom' raised ZeroDivisionError: "
+                       r"division by zero"):
         env.step(call("boom"))
 
 

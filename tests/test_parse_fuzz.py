@@ -85,7 +85,8 @@ def good_call(rnd: random.Random) -> tuple[str, str]:
     args = {"add": lambda: {"x": an_int(rnd)}, "echo": lambda: {"text": text(rnd)}, "boom": dict,
             "submit": lambda: {"answer": an_int(rnd)}}[name]()
     as_string = rnd.random() < 0.3  # some models write the arguments as a JSON string
-    body = json.dumps({"name": name, "arguments": json.dumps(args) if as_string else args}, ensure_ascii=rnd.random() < 0.5)
+    body = json.dumps({"name": name, "arguments": json.dumps(args) if as_string else args},
+                      ensure_ascii=rnd.random() < 0.5)
     return tag(body, rnd.choice(["", " ", "\n"])), f"good:{name}"
 
 
@@ -109,7 +110,8 @@ def bad_call(rnd: random.Random) -> tuple[str, str]:
     elif kind == "huge-int-string-args":
         body = json.dumps({"name": "add", "arguments": '{"x": ' + "9" * rnd.randint(4301, 6000) + "}"})
     elif kind == "unknown":
-        body = json.dumps({"name": rnd.choice(["", "Add", "add ", "submit_", "eval", text(rnd) + "!"]), "arguments": {}})
+        body = json.dumps({"name": rnd.choice(["", "Add", "add ", "submit_", "eval", text(rnd) + "!"]),
+                           "arguments": {}})
     elif kind == "wrong-type":
         name, param = rnd.choice([("add", "x"), ("submit", "answer"), ("echo", "text")])
         value = wrong if name != "echo" else rnd.choice([1, 2.5, None, [], {}])
@@ -175,7 +177,8 @@ def plans_from(raw: bytes) -> list[tuple[list[str], bool]]:
     return out
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
 # The content comes from a seeded Random: each draw from hypothesis' own randoms() is a recorded
 # choice, too slow for the ~100 draws an action takes.
 @given(st.binary(min_size=8 * ACTIONS_PER_EXAMPLE, max_size=8 * ACTIONS_PER_EXAMPLE).map(plans_from),

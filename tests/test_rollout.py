@@ -74,11 +74,14 @@ def test_kv_cached_rollout_logprobs_match_full_recompute(vault_policy):
     chat = vault_policy.chat
     # slack 0, 1, 2: turn budgets 4, 5, 6, so rows leave the batch after different turns
     envs = [make("agentrl/Vault-v0", locks=2, slack=s) for s in (0, 1, 2, 0, 1, 2)]
-    engine = TorchEngine(vault_policy.model, SamplingConfig(max_new_tokens=12), chat.stop_ids, chat.eos_id, chat.pad_id, seed=1)
+    engine = TorchEngine(vault_policy.model, SamplingConfig(max_new_tokens=12), chat.stop_ids, chat.eos_id, chat.pad_id,
+                         seed=1)
     episodes, _ = rollout(envs, list(range(6)), engine, chat)
     assert len({e.num_turns for e in episodes}) > 1 and all(e.num_turns >= 1 for e in episodes)
-    assert len({len(e.prompt_ids) + len(e.turns[0].action_ids) + len(e.turns[0].obs_ids) for e in episodes}) > 1  # ragged rows
-    assert any(len(t.action_ids) < 12 for e in episodes for t in e.turns)  # a row stopped early: a masked hole in the cache
+    # ragged rows
+    assert len({len(e.prompt_ids) + len(e.turns[0].action_ids) + len(e.turns[0].obs_ids) for e in episodes}) > 1
+    # a row stopped early: a masked hole in the cache
+    assert any(len(t.action_ids) < 12 for e in episodes for t in e.turns)
     batch = make_batch(episodes, chat.pad_id)
     with torch.no_grad():
         logp = token_stats(vault_policy.model, batch.input_ids, batch.attention_mask).logp
@@ -109,7 +112,8 @@ def test_raising_env_marks_the_episode_and_others_go_on(vault_policy):
     engine = ScriptedEngine(lambda row: chat.action_ids(envs[row].expert_action()), chat.eos_id)
     (ok, bad), _ = rollout(envs, [1, 1], engine, chat)
     assert ok.error is None and ok.reward == 1.0
-    assert bad.error == "env agentrl/Vault-v0, episode 0, turn 2: tool 'open' raised RuntimeError: lock mechanism jammed"
+    assert bad.error == ("env agentrl/Vault-v0, episode 0, turn 2: tool 'open' raised RuntimeError: "
+                         "lock mechanism jammed")
 
 
 @pytest.mark.parametrize("top_k, top_p", [(2, 1.0), (0, 0.5)])

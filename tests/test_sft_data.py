@@ -9,7 +9,8 @@ import pytest
 from agentrl.core import make
 from agentrl.stages.data import DataError, load_conversations, load_demos
 
-TOOLS = [{"type": "function", "function": {"name": "answer", "description": "Submit.", "parameters": {"properties": {}}}}]
+TOOLS = [{"type": "function",
+          "function": {"name": "answer", "description": "Submit.", "parameters": {"properties": {}}}}]
 
 
 def msgs(*pairs):

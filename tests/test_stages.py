@@ -83,7 +83,8 @@ def test_bad_preference_data_gives_clear_errors_or_counted_skips(tmp_path, vault
     f.write_text("{not json\n")
     with pytest.raises(DataError, match=r":1: not valid JSON"):
         load_pairs(f, chat)
-    f.write_text(json.dumps({"chosen": conv("a"), "rejected": conv("a")}) + "\n" + json.dumps({"chosen": conv("a"), "rejected": conv("b")}) + "\n")
+    f.write_text(json.dumps({"chosen": conv("a"), "rejected": conv("a")}) + "\n"
+                 + json.dumps({"chosen": conv("a"), "rejected": conv("b")}) + "\n")
     pairs, skipped = load_pairs(f, chat)
     assert len(pairs) == 1 and skipped == {"identical": 1}
     f.write_text(json.dumps({"chosen": conv("a"), "rejected": conv("a")}) + "\n")
@@ -118,7 +119,8 @@ def test_dpo_training_raises_chosen_over_rejected(vault_policy):
     import copy
 
     ref = copy.deepcopy(vault_policy.model).eval()
-    m = train_preferences(vault_policy.model, ref, [(good, bad)] * 8, chat.pad_id, DPOConfig(epochs=5, lr=1e-2, batch_pairs=8))
+    m = train_preferences(vault_policy.model, ref, [(good, bad)] * 8, chat.pad_id,
+                          DPOConfig(epochs=5, lr=1e-2, batch_pairs=8))
     assert m["dpo/accuracy"] == 1.0 and m["dpo/margin"] > 0
 
 
@@ -127,7 +129,8 @@ def test_pipeline_runs_every_stage(tmp_path):
     from agentrl.stages.pipeline import run_pipeline
 
     cfg = TrainConfig(env={"kwargs": {"locks": 1}}, updates=1,
-                      tiny={"hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 256},
+                      tiny={"hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2,
+                            "num_key_value_heads": 1, "max_position_embeddings": 256},
                       sft={"episodes": 64, "epochs": 1}, rollout={"groups": 2, "group_size": 4}, eval={"episodes": 8})
     result = run_pipeline(cfg, DPOConfig(groups=4, group_size=4, epochs=1), tmp_path / "p", say=lambda s: None)
     names = [s["stage"] for s in result["stages"]]

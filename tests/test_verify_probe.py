@@ -11,12 +11,14 @@ from agentrl.envs.sql import SQLEnv
 from agentrl.verify.probe import add_cli, run_verifier_probe
 
 
-@pytest.mark.parametrize("env_id, seeds", [("agentrl/Math-v0", (0, 1, 2, 3)), ("agentrl/SQL-v0", (0, 1, 2, 3)), ("agentrl/Code-v0", (0, 1))])
+@pytest.mark.parametrize("env_id, seeds", [("agentrl/Math-v0", (0, 1, 2, 3)), ("agentrl/SQL-v0", (0, 1, 2, 3)),
+                                           ("agentrl/Code-v0", (0, 1))])
 def test_builtin_envs_accept_nothing_wrong(env_id, seeds):
     result = run_verifier_probe(env_id, seeds=seeds)
     assert result.wrongly_accepted == [] and result.leaks == [] and result.ok
     assert result.wrongly_rejected == []
-    assert {r.attack for r in result.rows} >= {"reference answer", "empty answer", "prompt echoed back", "over-long answer", "several answers at once"}
+    assert {r.attack for r in result.rows} >= {"reference answer", "empty answer", "prompt echoed back",
+                                               "over-long answer", "several answers at once"}
 
 
 class GullibleMath(MathEnv):
@@ -35,7 +37,8 @@ class LeakyMath(MathEnv):
 def test_a_gullible_verifier_is_caught():
     result = run_verifier_probe(GullibleMath(), seeds=(0, 1))
     # "contains the right number" accepts exactly the answers that hold it next to other text
-    assert {(r.attack, r.seed) for r in result.wrongly_accepted} == {(a, s) for a in ("several answers at once", "type: quoted string") for s in (0, 1)}
+    assert {(r.attack, r.seed) for r in result.wrongly_accepted} == {
+        (a, s) for a in ("several answers at once", "type: quoted string") for s in (0, 1)}
     assert not result.ok
 
 
@@ -89,7 +92,8 @@ def test_an_undeclared_tool_that_returns_the_answer_is_flagged():
 
 def test_the_answer_in_another_spelling_is_found_in_a_tool_the_expert_never_calls():
     result = run_verifier_probe(HintingSQL(), seeds=(0,))
-    assert result.wrongly_accepted == [] and len(result.leaks) == 1 and "tool 'hint' called with {\"topic\": \"\"}" in result.leaks[0]
+    assert (result.wrongly_accepted == [] and len(result.leaks) == 1
+            and "tool 'hint' called with {\"topic\": \"\"}" in result.leaks[0])
 
 
 def test_an_echo_of_what_the_policy_submitted_is_no_leak():

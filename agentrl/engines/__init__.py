@@ -49,10 +49,11 @@ def get_engine_spec(name: str) -> EngineSpec:
 
 
 register_engine(EngineSpec("torch", "agentrl.engines.torch_engine:for_policy", returns_hidden=True, syncs_weights=False,
-                           description="transformers forward, one batched step per token, each row's KV cache kept across turns"))
+                           description="transformers forward, one batched step per token, each row's KV cache kept "
+                           "across turns"))
 register_engine(EngineSpec("vllm", "agentrl.engines.vllm_engine:for_policy", returns_hidden=False, syncs_weights=True,
-                           needs_cuda=True, description="vllm.LLM with prefix caching; weights pushed after every update "
-                           "([vllm] extra, GPU)"))
+                           needs_cuda=True, description="vllm.LLM with prefix caching; weights pushed after every "
+                           "update ([vllm] extra, GPU)"))
 
 _LAZY = {"Engine": "base", "Generation": "base", "ScriptedEngine": "base", "Session": "base", "SamplingConfig": "base",
          "TorchEngine": "torch_engine", "VLLMEngine": "vllm_engine"}

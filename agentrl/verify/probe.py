@@ -41,7 +41,8 @@ from agentrl.core import AgentEnv, EnvError, Tool, make, parse_tool_calls
 
 __all__ = ["ProbeResult", "ProbeRow", "add_cli", "generic_attacks", "print_result", "run_verifier_probe"]
 
-_LOOKALIKE = str.maketrans({"0": "O", "1": "l", "3": "З", "5": "Ƽ", "a": "а", "e": "е", "o": "о", "c": "с", "p": "р", "x": "х", "i": "і"})
+_LOOKALIKE = str.maketrans({"0": "O", "1": "l", "3": "З", "5": "Ƽ", "a": "а", "e": "е", "o": "о", "c": "с", "p": "р",
+                            "x": "х", "i": "і"})
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,8 @@ def _submit_action(env: AgentEnv, answer: str) -> str:
         raise TypeError(f"{env.name}: the verifier probe needs a `submit` tool or a probe_submit(answer) method")
     fields = list(tool.params.model_fields)
     if len(fields) != 1:
-        raise TypeError(f"{env.name}: submit takes {fields}; define probe_submit(answer) to say how to submit one answer")
+        raise TypeError(f"{env.name}: submit takes {fields}; define probe_submit(answer) to say how to submit one "
+                        "answer")
     return "<tool_call>" + json.dumps({"name": "submit", "arguments": {fields[0]: answer}}) + "</tool_call>"
 
 
@@ -168,7 +170,8 @@ def _uninformative_arguments(tool: Tool, k: int) -> dict[str, Any]:
     args = {}
     for name in params.get("required", []):
         prop = params.get("properties", {}).get(name, {})
-        options = prop.get("enum") or _SAMPLES.get(prop.get("type") or next((o.get("type") for o in prop.get("anyOf", []) if o.get("type")), "string"), [""])
+        options = prop.get("enum") or _SAMPLES.get(
+            prop.get("type") or next((o.get("type") for o in prop.get("anyOf", []) if o.get("type")), "string"), [""])
         args[name] = options[k % len(options)]
     return args
 
@@ -189,12 +192,14 @@ def _explore(env: AgentEnv, seed: int, called: set[str]) -> list[tuple[str, str,
             if not info["malformed"]:
                 called.add(name)
                 if not (terminated or truncated):
-                    seen.append((f"the answer of tool {name!r} called with {json.dumps(_uninformative_arguments(tool, k))}", action, obs))
+                    seen.append((f"the answer of tool {name!r} called with "
+                                 f"{json.dumps(_uninformative_arguments(tool, k))}", action, obs))
                 break
     return seen
 
 
-def _reference_leaks(seed: int, reference: str, prompt: str, answers: Sequence[tuple[str, str, str]]) -> list[tuple[str, str]]:
+def _reference_leaks(seed: int, reference: str, prompt: str,
+                     answers: Sequence[tuple[str, str, str]]) -> list[tuple[str, str]]:
     """[(place, leak)] where the reference answer can be read."""
     forms = reference_forms(reference)
     found = []
@@ -232,19 +237,22 @@ def _leaks(env: AgentEnv, seed: int, called: set[str], max_turns: int = 32) -> l
         for where, o in seen:
             if text and text in o and (scope == "all" or where == "prompt"):
                 place = "prompt" if where == "prompt" else "the observation of a tool the scripted expert called"
-                found.append((place, f"seed {seed}: {text[:60]!r} appears in {'the prompt' if where == 'prompt' else 'the observation of a tool'}"))
+                found.append((place, f"seed {seed}: {text[:60]!r} appears in "
+                              f"{'the prompt' if where == 'prompt' else 'the observation of a tool'}"))
                 break
     return found
 
 
-def run_verifier_probe(env_id: str | AgentEnv, seeds: Sequence[int] = (0, 1, 2), env_kwargs: dict[str, Any] | None = None) -> ProbeResult:
+def run_verifier_probe(env_id: str | AgentEnv, seeds: Sequence[int] = (0, 1, 2),
+                       env_kwargs: dict[str, Any] | None = None) -> ProbeResult:
     """Run the adversarial battery against `env_id`'s verifier (a registered id, ``module:Class``,
     or an env instance), and search what the policy reads for the answer. Raises `EnvError` if the
     verifier or a tool itself fails (also on the probe's uninformative arguments)."""
     env = make(env_id, **(env_kwargs or {})) if isinstance(env_id, str) else env_id
     for hook in ("probe_reference",):
         if not hasattr(env, hook):
-            raise TypeError(f"{env.name}: the verifier probe needs {hook}() (the correct answer of the current episode)")
+            raise TypeError(f"{env.name}: the verifier probe needs {hook}() (the correct answer of the current "
+                            "episode)")
     result = ProbeResult(env.name)
     for seed in seeds:
         prompt, _ = env.reset(seed=seed)
@@ -259,7 +267,8 @@ def run_verifier_probe(env_id: str | AgentEnv, seeds: Sequence[int] = (0, 1, 2),
             obs, reward, terminated, truncated, info = env.step(action)
             note = "" if terminated or truncated else "submit did not end the episode"
             result.rows.append(ProbeRow(name, seed, should_accept, float(reward), note))
-            result.tools_called.update(c.name for c in parse_tool_calls(action) if c.name in env._tools and not info["malformed"])
+            result.tools_called.update(c.name for c in parse_tool_calls(action) if c.name in env._tools
+                                       and not info["malformed"])
             if not (terminated or truncated):
                 answers.append((f"the answer to the attack {name!r}", action, obs))
         answers += _explore(env, seed, result.tools_called)
@@ -298,7 +307,8 @@ def print_result(result: ProbeResult) -> None:
         console.print(f"tools called (each searched for the answer): {', '.join(sorted(result.tools_called))}")
     for leak in result.leaks:
         console.print(f"[bold red]LEAK (training bug):[/] {leak}")
-    console.print("[green]nothing wrongly accepted[/]" if result.ok else f"[bold red]{len(result.wrongly_accepted)} wrongly accepted, {len(result.leaks)} leaks[/]")
+    console.print("[green]nothing wrongly accepted[/]" if result.ok
+                  else f"[bold red]{len(result.wrongly_accepted)} wrongly accepted, {len(result.leaks)} leaks[/]")
 
 
 def _cli(args: argparse.Namespace) -> int:
@@ -315,6 +325,7 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``verify-probe``; the handler is in ``func`` and returns the exit status."""
     p = subparsers.add_parser("verify-probe", help="run adversarial answers against an environment's verifier")
     p.add_argument("--env", required=True, help="environment id (agentrl/Code-v0) or module:Class")
-    p.add_argument("--seeds", type=int, default=3, help="episodes (seeds 0..N-1) to attack; each seed is a different task")
+    p.add_argument("--seeds", type=int, default=3, help="episodes (seeds 0..N-1) to attack; each seed is a different "
+                   "task")
     p.set_defaults(func=_cli)
     return p
