@@ -649,6 +649,42 @@ def cmd_algos(argv: Sequence[str]) -> int:
     return 0
 
 
+class ServeEnvCommand(Strict):
+    target: Annotated[str, tyro.conf.Positional] = Field(description="The environment to serve: a registered id "
+                                                         "(agentrl/Vault-v0), module:Class or path/to/file.py:Class.")
+    kw: list[str] = Field([], description="A constructor argument KEY=VALUE (repeatable).")
+    host: str = Field("127.0.0.1", description="The address to listen on; 127.0.0.1 keeps the env off the network "
+                      "(0.0.0.0 serves every interface: a served env runs the tools a client asks for).")
+    port: int = Field(8000, ge=0, le=65535, description="The port (OpenEnv's usual 8000); 0 takes a free one.")
+    max_sessions: int = Field(64, ge=1, description="Concurrent OpenEnv sessions (one env instance each); 64 matches "
+                              "the rollout's default of 64 env workers.")
+
+
+def cmd_serve_env(argv: Sequence[str]) -> int:
+    cmd = _parse(ServeEnvCommand, argv, "agentrl serve-env", "Serves an agentrl environment as an OpenEnv server "
+                 "(WebSocket /ws, one env per session), for TRL/SkyRL/ART or agentrl's own OpenEnv adapter "
+                 "(agentrl.adapters.openenv:OpenEnvEnv). Runs until interrupted.")
+    kwargs = _kv(cmd.kw, "--kw")
+    try:
+        from agentrl.adapters.serve import serve
+    except ImportError as e:
+        raise UsageError(str(e)) from None
+
+    def ready(url: str) -> None:
+        print(f"serving {cmd.target} over OpenEnv at {url} (WebSocket {url.replace('http', 'ws', 1)}/ws); "
+              f"a client: agentrl.adapters.openenv:OpenEnvEnv url={url}", flush=True)
+
+    try:
+        serve(cmd.target, kwargs, host=cmd.host, port=cmd.port, max_sessions=cmd.max_sessions, on_ready=ready)
+    except (ValueError, TypeError, AttributeError) as e:
+        raise UsageError(f"environment {cmd.target}: {e}") from None
+    except OSError as e:
+        raise UsageError(f"cannot listen on {cmd.host}:{cmd.port}: {e}") from None
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "train": (cmd_train, "RL on an environment (defaults: tiny policy, SFT warm start, Vault, CPU, minutes)"),
     "sft": (cmd_sft, "stage one: fine-tune on demonstrations"),
@@ -656,6 +692,7 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "pipeline": (cmd_pipeline, "SFT -> DPO -> RL with the held-out pass rate after every stage"),
     "probe": (cmd_probe, "horizon report: measure episodes and recommend a credit assigner"),
     "check-env": (cmd_check_env, "does an environment follow the AgentEnv contract?"),
+    "serve-env": (cmd_serve_env, "serve an environment as an OpenEnv server"),
     "verify-probe": (cmd_verify_probe, "what does an environment's verifier wrongly accept?"),
     "report": (cmd_report, "markdown + HTML report of a run"),
     "algos": (cmd_algos, "list the credit assigners"),
