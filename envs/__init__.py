@@ -12,4 +12,4 @@ from agentrl.envs import (  # noqa: F401
 # Adapters to other projects' environments register their ids only where that project is installed (the
 # optional extras in pyproject.toml), so `import agentrl.envs` and check_env over every id work without them.
 if importlib.util.find_spec("textarena") is not None:
-    from agentrl.envs import textarena_games  # noqa: F401
+    from agentrl.adapters import textarena_games  # noqa: F401

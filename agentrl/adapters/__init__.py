@@ -3,4 +3,5 @@
 - `agentrl.adapters.openenv.OpenEnvEnv`: any OpenEnv server's environment (``[openenv]``).
 - `agentrl.adapters.serve`: any agentrl environment served as an OpenEnv server (``agentrl serve-env``).
 - `agentrl.adapters.gym_text.GymTextEnv`: any gymnasium env with text spaces (``--env.id gym:SomeId``).
+- `agentrl.adapters.textarena_games`: TextArena's Tower of Hanoi, FrozenLake, Sokoban (``[textarena]``).
 """
