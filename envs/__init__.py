@@ -13,3 +13,5 @@ from agentrl.envs import (  # noqa: F401
 # optional extras in pyproject.toml), so `import agentrl.envs` and check_env over every id work without them.
 if importlib.util.find_spec("textarena") is not None:
     from agentrl.adapters import textarena_games  # noqa: F401
+if importlib.util.find_spec("reasoning_gym") is not None:
+    from agentrl.adapters import reasoning_gym_tasks  # noqa: F401

@@ -1,0 +1,178 @@
+"""reasoning-gym's procedurally generated tasks as agentrl environments, scored by reasoning-gym's own
+`score_answer` (``pip install agentrl[reasoning-gym]``).
+
+- ``agentrl/RG-v0``: single-turn. The task's question, one ``answer`` call, its score.
+- ``agentrl/RG-Calc-v0``: multi-turn. The same question with an exact ``calculator`` and a ``note``
+  scratchpad beside ``answer``; the turn budget is ``max_turns`` (default 4).
+
+``task`` is any reasoning-gym dataset name (``chain_sum``, ``leg_counting``, ``word_sorting``, ...);
+``config`` passes that dataset's own options; ``difficulty`` is one knob for the tasks listed in
+`DIFFICULTY` (the number of terms, animals or numbers), which a config entry overrides. Episode
+``seed`` picks the item, ``dataset_seed`` the dataset, so a held-out set is another ``dataset_seed``.
+
+The reward is `score_answer`'s value, partial credit included (some tasks give a fraction for a
+near answer); an episode passes at 1.0. A scorer that raises stops the episode as an error.
+
+>>> env = ReasoningGymEnv(task="chain_sum", difficulty=2)
+>>> obs, info = env.reset(seed=0)
+>>> obs, env.entry["answer"]
+('State the final answer to the following arithmetic problem: 1 - 7 =', '-6')
+>>> env.step(env.expert_action())[1:3]
+(1.0, True)
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Callable
+from fractions import Fraction
+from typing import Any
+
+import gymnasium
+
+from agentrl.core import AgentEnv
+from agentrl.envs.math import calculate, fmt
+
+INSTALL_HINT = "reasoning-gym tasks need the reasoning-gym package: pip install 'agentrl[reasoning-gym]'"
+
+# One knob per task, the dataset's own size parameters: the difficulty is the number of things to combine.
+DIFFICULTY: dict[str, Callable[[int], dict[str, Any]]] = {
+    "chain_sum": lambda d: {"min_terms": d, "max_terms": d, "min_digits": 1, "max_digits": 1},
+    "basic_arithmetic": lambda d: {"min_terms": d, "max_terms": d, "min_digits": 1, "max_digits": 2},
+    "products": lambda d: {"min_terms": d, "max_terms": d, "min_digits": 1, "max_digits": 2},
+    "leg_counting": lambda d: {"min_animals": d, "max_animals": d},
+    "gcd": lambda d: {"min_numbers": d, "max_numbers": d},
+    "word_sorting": lambda d: {"min_words": d, "max_words": d},
+}
+ITEMS = 1_000_000  # items per dataset; an item is generated from (dataset_seed, index) when read
+
+
+def _call(name: str, **arguments: Any) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+def _dataset(task: str, difficulty: int | None, config: dict[str, Any] | None, dataset_seed: int) -> Any:
+    try:
+        import reasoning_gym
+        from reasoning_gym.factory import DATASETS
+    except ImportError as e:
+        raise ImportError(f"{INSTALL_HINT} ({e})") from e
+    if task not in DATASETS:
+        near = difflib.get_close_matches(task, list(DATASETS), n=3)
+        raise ValueError(f"RG: unknown reasoning-gym task {task!r}" + (f"; did you mean {', '.join(near)}?" if near else
+                         f"; tasks: {', '.join(sorted(DATASETS))}"))
+    options: dict[str, Any] = {}
+    if difficulty is not None:
+        if task not in DIFFICULTY:
+            raise ValueError(f"RG: task {task!r} has no difficulty knob here (those that do: {', '.join(DIFFICULTY)}); "
+                             "set its own options through config instead")
+        if not 1 <= difficulty <= 20:
+            raise ValueError(f"RG: difficulty must be between 1 and 20, got {difficulty}")
+        options.update(DIFFICULTY[task](difficulty))
+    options.update(config or {})
+    try:
+        return reasoning_gym.create_dataset(task, seed=dataset_seed, size=ITEMS, **options)
+    except (TypeError, ValueError, AssertionError) as e:  # reasoning-gym validates its configs with assert
+        raise ValueError(f"RG: reasoning-gym rejected the config of task {task!r} ({options}): "
+                         f"{type(e).__name__}: {e}") from e
+
+
+class ReasoningGymEnv(AgentEnv):
+    """One reasoning-gym item per episode; `answer` ends it and reasoning-gym scores the answer."""
+
+    system_prompt = "Answer the question with the answer tool."
+    max_turns = 1
+
+    def __init__(self, task: str = "chain_sum", difficulty: int | None = None, config: dict[str, Any] | None = None,
+                 dataset_seed: int = 0, max_turns: int | None = None):
+        super().__init__(max_turns=max_turns)
+        self.task, self.difficulty, self.dataset_seed = task, difficulty, dataset_seed
+        self.dataset = _dataset(task, difficulty, config, dataset_seed)
+        self.entry: dict[str, Any] = {}
+        self.submitted: str | None = None
+
+    def answer(self, answer: str) -> str:
+        """Submit the final answer, written as the question asks. Ends the episode."""
+        self.submitted = answer
+        self.finish()
+        return "submitted"
+
+    tools = [answer]
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        index = int(self.np_random.integers(ITEMS))
+        self.entry = self.dataset[index]
+        self.submitted = None
+        return self.entry["question"], {"task_id": f"{self.task}-{self.dataset_seed}-{index}"}
+
+    def verify(self) -> float:
+        return float(self.dataset.score_answer(self.submitted, self.entry))
+
+    def _wrong_answer(self) -> str:
+        reference = str(self.entry["answer"])
+        try:
+            return fmt(Fraction(reference) + 1)  # an off-by-one slip
+        except (ValueError, ZeroDivisionError):
+            return reference[::-1] if reference[::-1] != reference else reference + " " + reference
+
+    def expert_action(self, noise: float = 0.0) -> str:
+        """The dataset's reference answer. With probability `noise / 2` a wrong answer (off by one, or the
+        reference reversed), with probability `noise / 5` a garbled call."""
+        rng = self.np_random
+        if noise > 0 and rng.random() < noise / 5:
+            return '<tool_call>{"name": "answer", "arguments": {"answer": ' if rng.random() < 0.5 else "I know it."
+        if noise > 0 and rng.random() < noise / 2:
+            return _call("answer", answer=self._wrong_answer())
+        return _call("answer", answer=str(self.entry["answer"]))
+
+
+class ReasoningGymCalcEnv(ReasoningGymEnv):
+    """The same tasks with a calculator and a scratchpad; the expert checks arithmetic on the calculator
+    first where the item carries its expression (chain_sum, basic_arithmetic, products)."""
+
+    system_prompt = "Work out the answer; the calculator and the notes are yours to use. Then answer."
+    max_turns = 4
+
+    def calculator(self, expression: str) -> str:
+        """Evaluate an arithmetic expression exactly, e.g. "(19 - 4) / 3"."""
+        try:
+            return f"{expression} = {fmt(calculate(expression))}"
+        except ValueError as e:
+            return f"calculator error: {e}"
+
+    def note(self, text: str) -> str:
+        """Write a line on the scratchpad; every call answers with the pad's last 10 lines."""
+        self.notes.append(text[:200])  # the policy's text: 200 characters a line, the last 10 lines shown
+        first = max(0, len(self.notes) - 10)
+        return "notes:\n" + "\n".join(f"{first + i + 1}. {n}" for i, n in enumerate(self.notes[first:]))
+
+    tools = [calculator, note, ReasoningGymEnv.answer]
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        self.notes: list[str] = []
+        return super().reset(seed=seed, options=options)
+
+    def _checkable_expression(self) -> str | None:
+        expression = self.entry.get("metadata", {}).get("expression")
+        if not isinstance(expression, str):
+            return None
+        try:
+            return expression if fmt(calculate(expression)) == str(self.entry["answer"]) else None
+        except ValueError:
+            return None
+
+    def expert_action(self, noise: float = 0.0) -> str:
+        """Turn 0: the item's expression on the calculator, where it has one; then the reference answer
+        (noisy as in `ReasoningGymEnv.expert_action`)."""
+        if self.turn == 0 and (expression := self._checkable_expression()) is not None:
+            if not (noise > 0 and self.np_random.random() < noise / 2):  # a slip: answering without checking
+                return _call("calculator", expression=expression)
+        return super().expert_action(noise)
+
+
+gymnasium.register(id="agentrl/RG-v0", entry_point="agentrl.adapters.reasoning_gym_tasks:ReasoningGymEnv",
+                   kwargs={"task": "chain_sum", "difficulty": 3}, disable_env_checker=True, order_enforce=False)
+gymnasium.register(id="agentrl/RG-Calc-v0", entry_point="agentrl.adapters.reasoning_gym_tasks:ReasoningGymCalcEnv",
+                   kwargs={"task": "basic_arithmetic", "difficulty": 3}, disable_env_checker=True, order_enforce=False)

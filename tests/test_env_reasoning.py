@@ -1,0 +1,109 @@
+"""reasoning-gym tasks through the real reasoning_gym package: check_env for the single- and multi-turn
+ids, reasoning-gym's own scorer as the reward, the difficulty knob, held-out datasets, clear errors."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+pytest.importorskip("reasoning_gym", reason="reasoning-gym is not installed (pip install 'agentrl[reasoning-gym]')")
+
+import agentrl  # noqa: E402
+from agentrl.adapters.reasoning_gym_tasks import ReasoningGymCalcEnv, ReasoningGymEnv  # noqa: E402
+from agentrl.checker import check_env  # noqa: E402
+
+
+def call(name, **arguments):
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+def play(env, seed, noise=0.0):
+    env.reset(seed=seed)
+    actions = []
+    while True:
+        actions.append(env.expert_action(noise))
+        _, reward, terminated, truncated, _ = env.step(actions[-1])
+        if terminated or truncated:
+            return reward, actions
+
+
+@pytest.mark.parametrize("env_id, kwargs", [
+    ("agentrl/RG-v0", {}), ("agentrl/RG-v0", {"task": "leg_counting", "difficulty": 4}),
+    ("agentrl/RG-v0", {"task": "word_sorting", "config": {"min_words": 3, "max_words": 6}}),
+    ("agentrl/RG-Calc-v0", {}), ("agentrl/RG-Calc-v0", {"task": "products", "difficulty": 2}),
+    ("agentrl/RG-Calc-v0", {"task": "gcd", "difficulty": 3}),
+])
+def test_check_env_passes(env_id, kwargs):
+    assert [(r.name, r.message) for r in check_env(env_id, **kwargs) if not r.ok] == []
+
+
+def test_reward_is_reasoning_gyms_score():
+    env = ReasoningGymEnv(task="chain_sum", difficulty=2)
+    obs, _ = env.reset(seed=0)
+    assert obs.endswith("1 - 7 =")  # -6, by hand
+    assert env.step(call("answer", answer="-6"))[1] == 1.0
+    env.reset(seed=0)
+    assert env.step(call("answer", answer="-5"))[1] == 0.0
+
+
+def test_difficulty_sets_the_number_of_terms():
+    for difficulty in (2, 5):
+        env = ReasoningGymEnv(task="chain_sum", difficulty=difficulty)
+        for seed in range(5):
+            obs, _ = env.reset(seed=seed)
+            expression = obs.split(":")[-1].removesuffix("=")
+            assert len(re.findall(r"\d+", expression)) == difficulty
+
+
+def test_config_overrides_the_knob_and_bad_ones_fail_clearly():
+    env = ReasoningGymEnv(task="chain_sum", difficulty=2, config={"min_terms": 4, "max_terms": 4})
+    obs, _ = env.reset(seed=1)
+    assert len(re.findall(r"\d+", obs.split(":")[-1])) == 4
+    with pytest.raises(ValueError, match="did you mean chain_sum"):
+        ReasoningGymEnv(task="chainsum")
+    with pytest.raises(ValueError, match="rejected the config of task 'chain_sum'.*max_terms must be >= min_terms"):
+        ReasoningGymEnv(task="chain_sum", config={"min_terms": 5, "max_terms": 2})
+    with pytest.raises(ValueError, match="has no difficulty knob"):
+        ReasoningGymEnv(task="n_queens", difficulty=3)
+
+
+def test_another_dataset_seed_is_a_held_out_set():
+    train = [ReasoningGymEnv(task="products", difficulty=2).reset(seed=s)[0] for s in range(10)]
+    held_out = [ReasoningGymEnv(task="products", difficulty=2, dataset_seed=1).reset(seed=s)[0] for s in range(10)]
+    assert train != held_out
+    assert train == [ReasoningGymEnv(task="products", difficulty=2).reset(seed=s)[0] for s in range(10)]
+
+
+def test_multi_turn_expert_checks_on_the_calculator_where_the_item_has_an_expression():
+    env = ReasoningGymCalcEnv(task="products", difficulty=2)
+    reward, actions = play(env, seed=1)  # "3 * 7", by the item
+    assert reward == 1.0 and [json.loads(a[11:-12])["name"] for a in actions] == ["calculator", "answer"]
+    assert env.calculator("3 * 7") == "3 * 7 = 21"
+    env = ReasoningGymCalcEnv(task="word_sorting", difficulty=3)
+    reward, actions = play(env, seed=1)
+    assert reward == 1.0 and len(actions) == 1  # no expression to check: the answer at once
+
+
+def test_no_answer_is_a_zero_not_an_error():
+    env = ReasoningGymCalcEnv(task="chain_sum", difficulty=3)
+    env.reset(seed=0)
+    for _ in range(env.max_turns):
+        _, reward, terminated, truncated, _ = env.step(call("note", text="thinking"))
+    assert truncated and not terminated and reward == 0.0
+
+
+def test_scratchpad_is_bounded():
+    env = ReasoningGymCalcEnv(task="chain_sum", difficulty=3, max_turns=20)
+    env.reset(seed=0)
+    for i in range(15):
+        obs, *_ = env.step(call("note", text=f"line {i} " + "x" * 2000))
+    assert len(obs) < 10 * 210 and obs.count("\n") == 10 and "6. line 5" in obs and "15. line 14" in obs
+
+
+def test_noisy_expert_is_reproducible_and_costs_something():
+    env = agentrl.make("agentrl/RG-Calc-v0")
+    first = [play(env, s, noise=0.6) for s in range(20)]
+    assert first == [play(env, s, noise=0.6) for s in range(20)]
+    assert 0 < sum(r for r, _ in first) < 20
