@@ -59,8 +59,8 @@ def test_a_registered_toy_assigner_trains_through_the_cli_and_the_probe_can_pick
     assert "toy-turn" in algorithms.ASSIGNERS
 
     out = tmp_path / "run"
-    argv = ["train", "--algo", "toy-turn", "--credit.scale", "0.25", "--model", str(vault_policy_dir), "--device", "cpu",
-            "--updates", "2", "--env-kw", "locks=1", "--rollout.groups", "2", "--rollout.group-size", "2",
+    argv = ["train", "--algo", "toy-turn", "--credit.scale", "0.25", "--model", str(vault_policy_dir), "--device",
+            "cpu", "--updates", "2", "--env-kw", "locks=1", "--rollout.groups", "2", "--rollout.group-size", "2",
             "--rollout.sampling.max-new-tokens", "8", "--eval.episodes", "2", "--out", str(out)]
     assert main(argv) == 0
     cfg = yaml.safe_load((out / "config.yaml").read_text())

@@ -23,7 +23,8 @@ from agentrl.core import make
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--set", "tiny.hidden_size=16", "--set", "tiny.intermediate_size=32", "--set", "tiny.num_attention_heads=2",
-        "--set", "tiny.num_key_value_heads=1", "--set", "tiny.max_position_embeddings=256", "--set", "tiny.vocab_size=300"]
+        "--set", "tiny.num_key_value_heads=1", "--set", "tiny.max_position_embeddings=256",
+        "--set", "tiny.vocab_size=300"]
 SMALL_RUN = ["--updates", "2", "--rollout.groups", "2", "--rollout.group-size", "4", "--eval.episodes", "8",
              "--sft.episodes", "48", "--sft.epochs", "1"]
 MICRO = {"hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1,
@@ -143,7 +144,8 @@ def test_readme_env_without_expert_trains_from_readme_format_data(tmp_path, cach
 def _warm(env_id: str, messages: list[str]) -> Path:
     from agentrl.stages.sft import warm_start
 
-    return warm_start(env_id, {}, TrainConfig(tiny=MICRO).tiny, SFTConfig(episodes=16, epochs=1), 0, say=messages.append)
+    return warm_start(env_id, {}, TrainConfig(tiny=MICRO).tiny, SFTConfig(episodes=16, epochs=1), 0,
+                      say=messages.append)
 
 
 def test_appending_a_function_keeps_the_warm_start_and_changing_the_expert_rebuilds_it(tmp_path, cache):

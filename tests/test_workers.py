@@ -60,8 +60,8 @@ def test_scripted_episodes_are_identical_in_every_pool(vault_policy, workers):
 
 def greedy_engine(policy, temperature=0.0):
     chat = policy.chat
-    return TorchEngine(policy.model, SamplingConfig(temperature=temperature, max_new_tokens=12), chat.stop_ids, chat.eos_id,
-                       chat.pad_id, seed=3)
+    return TorchEngine(policy.model, SamplingConfig(temperature=temperature, max_new_tokens=12), chat.stop_ids,
+                       chat.eos_id, chat.pad_id, seed=3)
 
 
 def test_tiny_policy_greedy_episodes_are_identical_in_every_pool_and_batch_bound(vault_policy):
@@ -72,8 +72,8 @@ def test_tiny_policy_greedy_episodes_are_identical_in_every_pool_and_batch_bound
     gids = [10 + i // 3 for i in range(9)]
     runs = {}
     for workers, rows in [("serial", None), ("thread:4", None), ("process:2", None), ("thread:4", 3)]:
-        episodes, stats = rollout(vault_envs(9), seeds, greedy_engine(vault_policy), chat, group_ids=gids, workers=workers,
-                                  max_batch_rows=rows)
+        episodes, stats = rollout(vault_envs(9), seeds, greedy_engine(vault_policy), chat, group_ids=gids,
+                                  workers=workers, max_batch_rows=rows)
         runs[workers, rows] = summary(episodes)
     reference = runs["serial", None]
     assert [s[0] for s in reference] == gids
@@ -108,7 +108,8 @@ def test_refill_keeps_the_batch_bounded_and_groups_whole(vault_policy, monkeypat
     monkeypatch.setattr(torch_engine.TorchSession, "_forward", spy)
     chat = vault_policy.chat
     gids = [i // 3 for i in range(12)]
-    episodes, _ = rollout(vault_envs(12), [g for g in gids], greedy_engine(vault_policy), chat, group_ids=gids, max_batch_rows=4)
+    episodes, _ = rollout(vault_envs(12), [g for g in gids], greedy_engine(vault_policy), chat, group_ids=gids,
+                          max_batch_rows=4)
     assert max(widths) == 4 and len(episodes) == 12
     assert [e.group_id for e in episodes] == gids and [e.seed for e in episodes] == gids
     assert all(e.num_turns >= 1 and (e.terminated or e.truncated) for e in episodes)
@@ -139,11 +140,13 @@ def test_hanging_tool_times_out_and_the_episode_goes_on(vault_policy, workers):
 
     t0 = time.perf_counter()
     with make_pool(workers, tool_timeout=0.3) as pool:
-        episodes, stats = rollout([SlowEnv() for _ in range(3)], [0, 1, 2], ScriptedEngine(act, chat.eos_id), chat, workers=pool)
+        episodes, stats = rollout([SlowEnv() for _ in range(3)], [0, 1, 2], ScriptedEngine(act, chat.eos_id), chat,
+                                  workers=pool)
     assert time.perf_counter() - t0 < 60  # not the 300 s the tool asked for (a process pool's start included)
     hung = episodes[0]
     assert hung.tool_timeouts == 1 and stats.tool_timeouts == 1 and hung.error is None
-    assert hung.turns[0].observation == "error: tool 'wait' ran past its 0.3 s limit; its call was abandoned, try another way"
+    assert hung.turns[0].observation == ("error: tool 'wait' ran past its 0.3 s limit; its call was abandoned, "
+                                         "try another way")
     assert [t.observation for t in hung.turns[1:]] == ["pong", "waited 0.01"]  # the episode went on
     assert hung.truncated and hung.num_turns == 3
     assert all(e.tool_timeouts == 0 for e in episodes[1:])
@@ -179,7 +182,8 @@ def test_raising_tool_still_names_env_episode_and_turn(vault_policy, workers):
     chat = vault_policy.chat
 
     envs = [make("agentrl/Vault-v0", locks=2), BrokenVault(locks=2)]
-    eng = ScriptedEngine(lambda row: chat.action_ids(call("clue", lock=1) if row == 0 else call("open", lock=1, code=3)), chat.eos_id)
+    eng = ScriptedEngine(lambda row: chat.action_ids(call("clue", lock=1) if row == 0
+                                                     else call("open", lock=1, code=3)), chat.eos_id)
     (ok, bad), _ = rollout(envs, [1, 1], eng, chat, workers=workers)
     assert ok.error is None and bad.error == ("env BrokenVault, episode 0, turn 1: tool 'open' raised RuntimeError: "
                                               "lock mechanism jammed")
