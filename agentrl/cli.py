@@ -203,8 +203,68 @@ TRAIN_HELP = ("RL on an environment. Without --model, builds a tiny policy for t
               "metrics.jsonl, store/*.parquet, checkpoint/ and summary.json into the run folder.")
 
 
+class RunFlags(Strict):
+    resume: str | None = Field(None, description="Continue the run in this folder from its newest checkpoint that "
+                               "verifies, with the run's own config.yaml: a --config or flag that conflicts with it is "
+                               "refused, naming the field (a resumed run is the same run).")
+    overwrite: bool = Field(False, description="Remove a previous run's files from --out first; without it (or "
+                            "--resume) a folder that is not empty is refused, so two runs never mix in one "
+                            "metrics.jsonl.")
+
+
+def _first_difference(ours: Any, theirs: Any, where: str = "") -> tuple[str, Any, Any] | None:
+    """The first dotted field where two config dumps differ, with both values."""
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        for k in sorted(set(ours) | set(theirs)):
+            found = _first_difference(ours.get(k), theirs.get(k), f"{where}.{k}" if where else k)
+            if found:
+                return found
+        return None
+    return None if ours == theirs else (where, ours, theirs)
+
+
+def _run_flags(argv: Sequence[str], prog: str, help_text: str, extra: type[Strict]) -> tuple[TrainConfig, Any, bool]:
+    """parse_train with --resume / --overwrite: a resumed run's config is its config.yaml (flags may only repeat
+    it); a new run's --out must be empty or --overwrite given. Checked before any work."""
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument("--resume")
+    resume = p.parse_known_args(list(argv))[0].resume
+    if resume is None:
+        cfg, flags, auto = parse_train(argv, prog, help_text, extra=extra)
+        out = Path(cfg.out) if cfg.out else None
+        if not flags.print_config and not flags.overwrite and out is not None and out.is_dir() and any(out.iterdir()):
+            raise UsageError(f"--out {out} is not empty; continue that run with --resume {out}, replace it with "
+                             "--overwrite, or choose another folder")
+        return cfg, flags, auto
+    run = Path(resume)
+    own = run / "config.yaml"
+    if not own.is_file():
+        raise UsageError(f"--resume {run}: no config.yaml there (not a run folder)")
+    try:
+        run_cfg = TrainConfig.model_validate(read_yaml(own))
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--resume {run}: its config.yaml does not load: {e}") from None
+    argv = list(argv)
+    if _prescan(argv).config is None:  # the run's own config is the base the flags apply to
+        argv = ["--config", str(own), *argv]
+    cfg, flags, auto = parse_train(argv, prog, help_text, extra=extra)
+    if auto:
+        raise UsageError(f"--resume {run}: --algo auto does not apply; the run trains {run_cfg.algo}")
+    if flags.overwrite:
+        raise UsageError("--resume and --overwrite contradict each other: resume the run, or replace it")
+    if cfg.out is not None and cfg.out != run_cfg.out and Path(cfg.out).resolve() != run.resolve():
+        raise UsageError(f"--resume {run}: --out {cfg.out} conflicts; a resumed run stays in its own folder")
+    found = _first_difference(cfg.model_dump(mode="json", exclude={"out"}),
+                              run_cfg.model_dump(mode="json", exclude={"out"}))
+    if found:
+        name, ours, theirs = found
+        raise UsageError(f"--resume {run}: {name} is {ours!r} here but {theirs!r} in the run's config.yaml; a "
+                         "resumed run keeps its config (drop the flag, or start a new run)")
+    return cfg.model_copy(update={"out": str(run)}), flags, auto
+
+
 def cmd_train(argv: Sequence[str]) -> int:
-    cfg, flags, auto = parse_train(argv, "agentrl train", TRAIN_HELP)
+    cfg, flags, auto = _run_flags(argv, "agentrl train", TRAIN_HELP, RunFlags)
     if flags.print_config:
         print(cfg.to_yaml(), end="")
         return 0
@@ -234,7 +294,7 @@ def cmd_train(argv: Sequence[str]) -> int:
         except ValidationError as e:
             raise UsageError(f"the probe chose {rec.algo}, but the config does not fit it:\n"
                              f"{describe_errors(e)}") from None
-    train(cfg, decisions=decisions or None)
+    train(cfg, decisions=decisions or None, resume=flags.resume is not None, overwrite=flags.overwrite)
     return 0
 
 

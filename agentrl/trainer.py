@@ -612,7 +612,9 @@ def _groups(episodes: list[Episode]) -> list[list[Episode]]:
 
 def _holds_run(out: Path) -> bool:
     """Whether `out` holds (part of) a run: a second run's rows appended to its metrics.jsonl would mix two runs."""
-    return any((out / name).exists() for name in ("metrics.jsonl", CHECKPOINTS, "summary.json"))
+    metrics = out / "metrics.jsonl"  # empty: a Monitor opened for this run by the caller, no rows yet
+    return (metrics.exists() and metrics.stat().st_size > 0) or (out / CHECKPOINTS).exists() \
+        or (out / "summary.json").exists()
 
 
 def _decisions_header(decisions: dict[str, Any]) -> str:
@@ -638,15 +640,17 @@ def _warm_start_record(folder: Path) -> dict[str, Any]:
     return record
 
 
-def train(cfg: TrainConfig, monitor: Monitor | None = None, decisions: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Stage one where it is needed (the tiny policy's SFT warm start, cached), then the RL loop."""
+def train(cfg: TrainConfig, monitor: Monitor | None = None, decisions: dict[str, Any] | None = None,
+          resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
+    """Stage one where it is needed (the tiny policy's SFT warm start, cached), then the RL loop
+    (`resume` / `overwrite`: see `Trainer`)."""
     start = None
     if cfg.model is None:
         from agentrl.stages.sft import warm_start
 
         say = monitor.say if monitor is not None else None
         start = warm_start(cfg.env.id, cfg.env.kwargs, cfg.tiny, cfg.sft, cfg.seed, **({"say": say} if say else {}))
-    return Trainer(cfg, monitor=monitor, start=start, decisions=decisions).train()
+    return Trainer(cfg, monitor=monitor, start=start, decisions=decisions, resume=resume, overwrite=overwrite).train()
 
 
-__all__ = ["EpisodeErrors", "EvalResult", "Trainer", "evaluate", "train"]
+__all__ = ["CHECKPOINTS", "EpisodeErrors", "EvalResult", "Trainer", "evaluate", "train"]
