@@ -15,3 +15,5 @@ if importlib.util.find_spec("textarena") is not None:
     from agentrl.adapters import textarena_games  # noqa: F401
 if importlib.util.find_spec("reasoning_gym") is not None:
     from agentrl.adapters import reasoning_gym_tasks  # noqa: F401
+if importlib.util.find_spec("textworld") is not None:
+    from agentrl.adapters import textworld_games  # noqa: F401

@@ -5,4 +5,5 @@
 - `agentrl.adapters.gym_text.GymTextEnv`: any gymnasium env with text spaces (``--env.id gym:SomeId``).
 - `agentrl.adapters.textarena_games`: TextArena's Tower of Hanoi, FrozenLake, Sokoban (``[textarena]``).
 - `agentrl.adapters.reasoning_gym_tasks`: reasoning-gym's tasks, single- and multi-turn (``[reasoning-gym]``).
+- `agentrl.adapters.textworld_games`: TextWorld's generated adventures, quest length as horizon (``[textworld]``).
 """

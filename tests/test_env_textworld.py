@@ -1,0 +1,78 @@
+"""TextWorld through the real textworld package: games generated from a seed and cached, check_env,
+the walkthrough expert whose length is the quest length, the game's text as observations."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("textworld", reason="textworld is not installed (pip install 'agentrl[textworld]')")
+
+import agentrl  # noqa: E402
+from agentrl.adapters.textworld_games import TextWorldEnv, cache_folder, make_game_file  # noqa: E402
+from agentrl.checker import check_env  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def private_cache(tmp_path_factory):
+    # a fresh cache: the games are made here by TextWorld's generator and Inform 7, not read from a past run
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AGENTRL_CACHE", str(tmp_path_factory.mktemp("agentrl-cache")))
+        yield
+
+
+def call(name, **arguments):
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+def play(env, seed, noise=0.0):
+    env.reset(seed=seed)
+    n = 0
+    while True:
+        _, reward, terminated, truncated, _ = env.step(env.expert_action(noise))
+        n += 1
+        if terminated or truncated:
+            return reward, n, terminated
+
+
+@pytest.mark.parametrize("quest_length", [1, 3])
+def test_check_env_passes(quest_length):
+    failed = [(r.name, r.message) for r in check_env("agentrl/TextWorld-v0", quest_length=quest_length, games=2)
+              if not r.ok]
+    assert failed == []
+
+
+@pytest.mark.parametrize("quest_length", [1, 3])
+def test_walkthrough_expert_wins_in_exactly_quest_length_commands(quest_length):
+    env = agentrl.make("agentrl/TextWorld-v0", quest_length=quest_length, games=2)
+    for seed in range(3):
+        assert play(env, seed) == (1.0, quest_length, True)
+    assert env.max_turns == quest_length + 4
+
+
+def test_games_are_made_once_and_kept_in_the_cache():
+    path = make_game_file(1, 3, 5, seed=0)
+    assert path.parent == cache_folder() and path.exists() and path.with_suffix(".json").exists()
+    stamp = path.stat().st_mtime_ns
+    assert make_game_file(1, 3, 5, seed=0) == path and path.stat().st_mtime_ns == stamp
+
+
+def test_a_command_the_game_does_not_know_is_its_answer_not_an_error():
+    env = TextWorldEnv(quest_length=1, games=1)
+    obs, _ = env.reset(seed=0)
+    assert "TextWorld" in obs and "$$" not in obs  # the intro without the ASCII-art banner
+    obs, reward, terminated, truncated, info = env.step(call("command", text="dance wildly"))
+    assert obs and info["malformed"] == 0 and not (terminated or truncated)
+    obs, *_ = env.step(call("command", text="   "))
+    assert obs.startswith("the command is empty")
+
+
+def test_not_winning_is_a_zero_and_slips_cost_turns():
+    env = TextWorldEnv(quest_length=3, games=1, slack=0)
+    env.reset(seed=0)
+    for _ in range(env.max_turns):
+        _, reward, terminated, truncated, _ = env.step(call("command", text="look"))
+    assert truncated and not terminated and reward == 0.0
+    noisy = [play(env, s, noise=0.9) for s in range(4)]
+    assert noisy == [play(env, s, noise=0.9) for s in range(4)] and sum(r for r, *_ in noisy) < 4
