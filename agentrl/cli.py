@@ -725,6 +725,7 @@ def cmd_serve_env(argv: Sequence[str]) -> int:
                  "(WebSocket /ws, one env per session), for TRL/SkyRL/ART or agentrl's own OpenEnv adapter "
                  "(agentrl.adapters.openenv:OpenEnvEnv). Runs until interrupted.")
     kwargs = _kv(cmd.kw, "--kw")
+    _check_env(cmd.target, kwargs)  # a bad id or argument is refused before OpenEnv's server stack is imported
     try:
         from agentrl.adapters.serve import serve
     except ImportError as e:
