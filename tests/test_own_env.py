@@ -105,7 +105,8 @@ def test_readme_env_without_expert_trains_from_readme_format_data(tmp_path, cach
 
     t0 = time.perf_counter()
     rc, _, err = run_cli(["train", "--env.id", env_id, *TINY], capsys)
-    assert rc == 2 and time.perf_counter() - t0 < 1.0
+    # before any work: ~0.3 s on a quiet machine; the bound leaves room for a loaded CI box, not for an SFT
+    assert rc == 2 and time.perf_counter() - t0 < 2.5
     assert "no scripted expert" in err and "--model" in err and "agentrl sft --data" in err
 
     # demonstrations in the README's documented format: its own three example lines, and more like them
