@@ -20,6 +20,7 @@ import json
 import os
 import re
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +105,9 @@ class TextWorldEnv(AgentEnv):
         if game_file != self.game_file:
             if self.game is not None:
                 self.game.close()
-            self.game = self.tw.start(str(game_file), request_infos=self.infos)
+            with warnings.catch_warnings():  # jericho: "not fully supported, score disabled"; TextWorld's infos score
+                warnings.simplefilter("ignore")
+                self.game = self.tw.start(str(game_file), request_infos=self.infos)
             self.game_file = game_file
         self.state = self.game.reset()
         self._walkthrough_length = len(self.state["policy_commands"])
