@@ -17,6 +17,7 @@ prompt are masked, as everywhere in agentrl). With s = log pi(y) and s_ref = log
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +30,8 @@ from agentrl.config import DPOConfig, PrefLoss  # noqa: F401 (re-exported)
 from agentrl.core import Episode
 from agentrl.policy import token_stats
 from agentrl.store import make_batch
+
+LOG = logging.getLogger(__name__)
 
 
 def sequence_logp(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -153,6 +156,11 @@ def train_preferences(
             agg = stats
             if log is not None:
                 log({"dpo/step": step, "dpo/epoch": epoch, **{f"dpo/{k}": v for k, v in stats.items()}})
+        # one line an epoch, with the time left: a stage that runs a minute must not run silently
+        spent = time.perf_counter() - t0
+        LOG.info("%s epoch %d/%d: loss %.4f, margin %.3f, accuracy %.2f (%.0f s, about %.0f s left)", cfg.loss,
+                 epoch + 1, cfg.epochs, agg.get("loss", float("nan")), agg.get("margin", float("nan")),
+                 agg.get("accuracy", float("nan")), spent, spent / (epoch + 1) * (cfg.epochs - epoch - 1))
     model.eval()
     return {**{f"dpo/{k}": v for k, v in agg.items()}, "dpo/steps": step, "dpo/pairs": len(pairs),
             "dpo/seconds": time.perf_counter() - t0}
