@@ -210,19 +210,20 @@ def test_sigterm_mid_update_leaves_a_resumable_checkpoint(tmp_path, vault_policy
 @pytest.mark.parametrize("case", ["turn-ppo", "arpo", "steppo-learned", "lora"])
 def test_resume_restores_assigner_heads_and_adapters(tmp_path, vault_policy_dir, case):
     """The next update after a resume computes the uninterrupted run's advantages (credit/ metrics equal) from
-    heads restored to their trained state, not rebuilt fresh."""
+    heads restored to their trained state, not rebuilt fresh (two updates before the checkpoint: at least one of
+    them trains on this seed)."""
     kw = {"turn-ppo": {"algo": "turn-ppo", "credit": {"warmup_updates": 1}},
           "arpo": {"algo": "arpo", "credit": {"ev_gate": -1e9}},
           "steppo-learned": {"algo": "steppo", "credit": {"prm": "learned"}},
           "lora": {"optim": {"lora": {"r": 2}}}}[case]
     full, run = tmp_path / "full", tmp_path / "run"
-    cfg = run_config(full, vault_policy_dir, updates=2, **kw)
+    cfg = run_config(full, vault_policy_dir, updates=3, **kw)
     Trainer(cfg, monitor=quiet_monitor(full, cfg)[0]).train()
-    saved = read(full / CHECKPOINTS / "update_00001", "assigner.pt")
-    fresh = Trainer(run_config(tmp_path / "fresh", vault_policy_dir, updates=2, **kw), monitor=None)
+    saved = read(full / CHECKPOINTS / "update_00002", "assigner.pt")
+    fresh = Trainer(run_config(tmp_path / "fresh", vault_policy_dir, updates=3, **kw), monitor=None)
     fresh.monitor.close()
     if case == "lora":  # the adapters trained away from their initial values, and only they are saved
-        weights = read(full / CHECKPOINTS / "update_00001", "model.pt")
+        weights = read(full / CHECKPOINTS / "update_00002", "model.pt")
         assert weights and all("lora" in k for k in weights)
         start = dict(fresh.accelerator.unwrap_model(fresh.model).named_parameters())
         assert any(not torch.equal(w, start[k].detach()) for k, w in weights.items())
@@ -230,11 +231,11 @@ def test_resume_restores_assigner_heads_and_adapters(tmp_path, vault_policy_dir,
         head = fresh.assigner.state_dict()
         a, b = (s.get("critic", s.get("head"))["net"] for s in (saved, head))
         assert any(not torch.equal(a[k], b[k]) for k in a)
-    resumed_copy(full, run, keep_through=1)
-    cfg = run_config(run, vault_policy_dir, updates=2, **kw)
+    resumed_copy(full, run, keep_through=2)
+    cfg = run_config(run, vault_policy_dir, updates=3, **kw)
     Trainer(cfg, monitor=quiet_monitor(run, cfg)[0], resume=True).train()
-    assert_same_run(full, run, 2)
-    a2, b2 = (read(d / CHECKPOINTS / "update_00002", "assigner.pt") for d in (full, run))
+    assert_same_run(full, run, 3)
+    a2, b2 = (read(d / CHECKPOINTS / "update_00003", "assigner.pt") for d in (full, run))
     assert json.dumps(_tolist(a2)) == json.dumps(_tolist(b2))
 
 
