@@ -1,7 +1,7 @@
 """`OpenEnvEnv`: an `AgentEnv` that plays an episode on any OpenEnv environment server.
 
-    agentrl check-env agentrl.adapters.openenv:OpenEnvEnv --kwargs url=http://127.0.0.1:8000
-    agentrl train --env.id agentrl.adapters.openenv:OpenEnvEnv --env.kwargs url=http://127.0.0.1:8000 ...
+    agentrl check-env agentrl.adapters.openenv:OpenEnvEnv --kw url=http://127.0.0.1:8000
+    agentrl train --env.id agentrl.adapters.openenv:OpenEnvEnv --env-kw url=http://127.0.0.1:8000 --model ...
 
 Each instance holds one WebSocket session (OpenEnv's ``/ws``, through the package's own
 `GenericEnvClient`), so a rollout's many envs are many independent sessions on the server. Two

@@ -34,7 +34,9 @@ TRL's formats are read as they are:
 
 A path is a JSONL file or a folder written by `datasets` ``save_to_disk`` (read with
 ``datasets.load_from_disk``, the ``[datasets]`` extra; a `DatasetDict` is read from its ``train``
-split, or its only one). A bad record is named by its file and line, or folder and row.
+split, or its only one). Store tool-call ``arguments`` there as JSON strings: Arrow merges every row's
+argument keys into one struct and fills the missing ones with null. A bad record is named by its file
+and line, or folder and row.
 """
 
 from __future__ import annotations
