@@ -34,14 +34,19 @@ from pydantic import ConfigDict, ValidationError, create_model
 
 from agentrl.core import AgentEnv, EnvError, Tool
 
-try:
-    from openenv.core.generic_client import GenericEnvClient
-except ImportError as e:  # the optional extra
-    raise ImportError(f"the OpenEnv adapter needs openenv-core: pip install 'agentrl[openenv]' ({e})") from e
 
 PROTOCOL = 1  # agentrl.adapters.serve.PROTOCOL; kept here so that a client never imports the server's stack
 _JSON_TYPES: dict[str, Any] = {"string": str, "integer": int, "number": float, "boolean": bool, "array": list,
                                "object": dict}
+
+
+def _client_class() -> Any:
+    """OpenEnv's own client, imported when a session opens (the optional extra; importing it takes seconds)."""
+    try:
+        from openenv.core.generic_client import GenericEnvClient
+    except ImportError as e:
+        raise ImportError(f"the OpenEnv adapter needs openenv-core: pip install 'agentrl[openenv]' ({e})") from e
+    return GenericEnvClient
 
 
 class _Rejected(Exception):
@@ -85,6 +90,7 @@ class OpenEnvEnv(AgentEnv):
             raise ValueError(f"OpenEnvEnv: url must start with http://, https://, ws:// or wss://, got {url!r}")
         if not timeout > 0:
             raise ValueError(f"OpenEnvEnv: timeout must be > 0 seconds, got {timeout}")
+        _client_class()  # without the extra, say so before anything else
         self.url, self.timeout = url.rstrip("/"), float(timeout)
         http = "http" + self.url[2:] if self.url.startswith("ws") else self.url
         try:
@@ -159,7 +165,7 @@ class OpenEnvEnv(AgentEnv):
         a rejected action of a generic env (`_Rejected`: the session is alive, the policy erred)."""
         try:
             if self._client is None:
-                client = GenericEnvClient(base_url=self.url, connect_timeout_s=self.timeout,
+                client = _client_class()(base_url=self.url, connect_timeout_s=self.timeout,
                                           message_timeout_s=self.timeout).sync()
                 self._client = client
                 client.connect()

@@ -26,38 +26,11 @@ import logging
 import socket
 from typing import Any
 
-from agentrl.core import AgentEnv, make
-
-try:
-    from openenv.core.env_server import create_fastapi_app
-    from openenv.core.env_server.interfaces import Environment
-    from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
-except ImportError as e:  # the optional extra
-    raise ImportError(f"serving over OpenEnv needs openenv-core: pip install 'agentrl[openenv]' ({e})") from e
 from pydantic import ConfigDict, Field
 
+from agentrl.core import AgentEnv, make
+
 PROTOCOL = 1  # the version of the fields above; a client refuses a server that speaks another
-
-
-class TextAction(Action):
-    """The policy's whole action text, tool calls and all."""
-
-    text: str = Field(description="the action text, with tool calls as <tool_call>{...}</tool_call>")
-
-
-class AgentObservation(Observation):
-    """What `AgentEnv.reset` / `step` returned, in fields (OpenEnv does not send `metadata`)."""
-
-    text: str = Field(description="the observation text the policy reads")
-    terminated: bool = False
-    truncated: bool = False
-    step_reward: float = 0.0
-    state_key: str | None = Field(None, description="repr() of the env's state_key(), None when it has none")
-    malformed: int = 0
-    malformed_calls: int = 0
-    tool_timeouts: int = 0
-    turn: int = 0
-    info: dict[str, Any] = Field(default_factory=dict, description="reset()'s info, when JSON can carry it")
 
 
 def describe(env: AgentEnv, env_id: str) -> dict[str, Any]:
@@ -75,40 +48,73 @@ def _jsonable(info: dict[str, Any]) -> dict[str, Any]:
         return {k: v if isinstance(v, (str, int, float, bool, type(None))) else repr(v) for k, v in info.items()}
 
 
-class AgentEnvironment(Environment):
-    """One OpenEnv session's environment: a fresh `AgentEnv` from `make(env_id, **kwargs)`."""
+@functools.cache
+def server_types() -> tuple[type, type, type]:
+    """(TextAction, AgentObservation, AgentEnvironment), built on openenv-core's base classes when first asked
+    for: the extra is optional, and importing OpenEnv's server stack takes seconds."""
+    try:
+        from openenv.core.env_server.interfaces import Environment
+        from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
+    except ImportError as e:
+        raise ImportError(f"serving over OpenEnv needs openenv-core: pip install 'agentrl[openenv]' ({e})") from e
 
-    SUPPORTS_CONCURRENT_SESSIONS = True  # each session builds its own AgentEnv; nothing is shared
+    class TextAction(Action):
+        """The policy's whole action text, tool calls and all."""
 
-    def __init__(self, env_id: str, kwargs: dict[str, Any]):
-        super().__init__()
-        self.env_id = env_id
-        self.env = make(env_id, **kwargs)
-        self._state = State()
+        text: str = Field(description="the action text, with tool calls as <tool_call>{...}</tool_call>")
 
-    def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> AgentObservation:
-        obs, info = self.env.reset(seed=seed, options=kwargs.get("options"))
-        self._state = State(episode_id=episode_id, step_count=0)
-        return AgentObservation(text=obs, info=_jsonable(info), reward=0.0, done=False)
 
-    def step(self, action: TextAction, timeout_s: float | None = None, **kwargs: Any) -> AgentObservation:
-        obs, reward, terminated, truncated, info = self.env.step(action.text)
-        self._state.step_count += 1
-        key = info.get("state_key")
-        return AgentObservation(
-            text=obs, reward=float(reward), done=bool(terminated or truncated), terminated=bool(terminated),
-            truncated=bool(truncated), step_reward=float(info.get("step_reward") or 0.0),
-            state_key=None if key is None else repr(key), malformed=int(info.get("malformed", 0)),
-            malformed_calls=int(info.get("malformed_calls", 0)), tool_timeouts=int(info.get("tool_timeouts", 0)),
-            turn=int(info.get("turn", self._state.step_count)))
+    class AgentObservation(Observation):
+        """What `AgentEnv.reset` / `step` returned, in fields (OpenEnv does not send `metadata`)."""
 
-    @property
-    def state(self) -> State:
-        return self._state
+        text: str = Field(description="the observation text the policy reads")
+        terminated: bool = False
+        truncated: bool = False
+        step_reward: float = 0.0
+        state_key: str | None = Field(None, description="repr() of the env's state_key(), None when it has none")
+        malformed: int = 0
+        malformed_calls: int = 0
+        tool_timeouts: int = 0
+        turn: int = 0
+        info: dict[str, Any] = Field(default_factory=dict, description="reset()'s info, when JSON can carry it")
 
-    def get_metadata(self) -> EnvironmentMetadata:
-        return EnvironmentMetadata(name=self.env_id, description=self.env.system_prompt or type(self.env).__doc__ or "",
-                                   version=f"agentrl-openenv/{PROTOCOL}")
+
+    class AgentEnvironment(Environment):
+        """One OpenEnv session's environment: a fresh `AgentEnv` from `make(env_id, **kwargs)`."""
+
+        SUPPORTS_CONCURRENT_SESSIONS = True  # each session builds its own AgentEnv; nothing is shared
+
+        def __init__(self, env_id: str, kwargs: dict[str, Any]):
+            super().__init__()
+            self.env_id = env_id
+            self.env = make(env_id, **kwargs)
+            self._state = State()
+
+        def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> AgentObservation:
+            obs, info = self.env.reset(seed=seed, options=kwargs.get("options"))
+            self._state = State(episode_id=episode_id, step_count=0)
+            return AgentObservation(text=obs, info=_jsonable(info), reward=0.0, done=False)
+
+        def step(self, action: TextAction, timeout_s: float | None = None, **kwargs: Any) -> AgentObservation:
+            obs, reward, terminated, truncated, info = self.env.step(action.text)
+            self._state.step_count += 1
+            key = info.get("state_key")
+            return AgentObservation(
+                text=obs, reward=float(reward), done=bool(terminated or truncated), terminated=bool(terminated),
+                truncated=bool(truncated), step_reward=float(info.get("step_reward") or 0.0),
+                state_key=None if key is None else repr(key), malformed=int(info.get("malformed", 0)),
+                malformed_calls=int(info.get("malformed_calls", 0)), tool_timeouts=int(info.get("tool_timeouts", 0)),
+                turn=int(info.get("turn", self._state.step_count)))
+
+        @property
+        def state(self) -> State:
+            return self._state
+
+        def get_metadata(self) -> EnvironmentMetadata:
+            return EnvironmentMetadata(name=self.env_id, description=self.env.system_prompt or type(self.env).__doc__ or "",
+                                       version=f"agentrl-openenv/{PROTOCOL}")
+
+    return TextAction, AgentObservation, AgentEnvironment
 
 
 class _ClosedByClient(logging.Filter):
@@ -133,6 +139,9 @@ def build_app(env_id: str, kwargs: dict[str, Any] | None = None, max_sessions: i
         log.addFilter(_ClosedByClient())
     probe = make(env_id, **kwargs)
     # the schema's x-agentrl: what the policy is shown, known before a session starts
+    from openenv.core.env_server import create_fastapi_app
+
+    TextAction, AgentObservation, AgentEnvironment = server_types()
     extra = {"x-agentrl": describe(probe, env_id)}
     observation_cls = type("AgentrlObservation", (AgentObservation,),
                            {"model_config": ConfigDict(**AgentObservation.model_config, json_schema_extra=extra)})
