@@ -159,6 +159,12 @@ class RolloutConfig(Strict):
                                        "episodes take the rows of those that end (continuous batching). None: the "
                                        "whole update at once, which fits the tiny policy on a CPU; on a GPU, what its "
                                        "memory holds.")
+    schedule: Literal["arrival", "lockstep"] = Field(
+        "arrival", description="When ready rows generate: arrival (a row whose observation is back goes into the next "
+        "batch without waiting for slower tools, so a slow tool costs the others at most one generation) or lockstep "
+        "(every turn waits for every env call, tools still concurrent). Batched log-probs depend in their last bit on "
+        "which rows share a forward, and under arrival that depends on timing: lockstep (or env_workers serial) makes "
+        "a run, and a resumed run, bit-identical on CPU.")
 
     @field_validator("env_workers")
     @classmethod

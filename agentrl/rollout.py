@@ -53,6 +53,7 @@ def rollout(
     workers: EnvPool | str | None = None,
     max_batch_rows: int | None = None,
     policy_version: int = 0,
+    schedule: str = "arrival",
 ) -> tuple[list[Episode], RolloutStats]:
     """Run one episode in each env (env i reset with seeds[i]) to its end.
 
@@ -73,7 +74,7 @@ def rollout(
     pool = workers if isinstance(workers, EnvPool) else make_pool(workers or DEFAULT_WORKERS)
     try:
         return _Driver(envs, seeds, engine, chat, group_ids, max_context, max_new_tokens, pool,
-                       max_batch_rows or len(envs), policy_version).run()
+                       max_batch_rows or len(envs), policy_version, schedule).run()
     finally:
         if pool is not workers:
             pool.close()
@@ -84,10 +85,13 @@ class _Driver:
     hand their actions to the pool, take the pool's answers as they come."""
 
     def __init__(self, envs, seeds, engine, chat, group_ids, max_context, max_new_tokens, pool, max_rows,
-                 policy_version):
+                 policy_version, schedule="arrival"):
         self.envs, self.seeds, self.engine, self.chat = envs, seeds, engine, chat
         self.group_ids, self.max_context, self.max_new_tokens = group_ids, max_context, max_new_tokens
         self.pool, self.max_rows, self.policy_version = pool, max_rows, policy_version
+        if schedule not in ("arrival", "lockstep"):
+            raise ValueError(f"rollout: schedule must be arrival or lockstep, got {schedule!r}")
+        self.lockstep = schedule == "lockstep"
         n = len(envs)
         self.episodes: list[Episode | None] = [None] * n
         self.ctx = [0] * n
@@ -132,7 +136,7 @@ class _Driver:
                     continue
                 raise RuntimeError("rollout: episodes left but nothing to generate or wait for")  # a bug, not an input
             # wait for the next answer, but not past the moment the ready rows should go anyway
-            timeout = None if not self.ready else max(0.0, self.ready_since + last_generate - time.perf_counter())
+            timeout = None if not self.ready or self.lockstep else max(0.0, self.ready_since + last_generate - time.perf_counter())
             done, _ = cf.wait(self.in_flight, timeout=timeout, return_when=cf.FIRST_COMPLETED)
             for future in done:
                 self._answer(future)
@@ -152,6 +156,8 @@ class _Driver:
         last generation took: a tool faster than a generation never splits the batch (a forward
         costs nearly the same for half the rows), a slow one delays the ready rows by at most one
         generation's time."""
+        if self.lockstep:  # every env call answered first: which rows share a forward never depends on timing
+            return not self.in_flight
         if not self.session.turn_level:
             return True  # the engine's own scheduler joins rows into its running batch
         waiting = any(kind != "reset" for kind, _ in self.in_flight.values())

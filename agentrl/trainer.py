@@ -106,7 +106,7 @@ def evaluate(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig | None, 
     engine = make_engine(cfg, policy, sampling, seed=cfg.seed + 12345)
     with make_pool(cfg.rollout.env_workers, cfg.rollout.tool_timeout, cfg.rollout.tool_timeouts) as pool:
         episodes, _ = rollout(envs, seeds, engine, policy.chat, max_context=max_context, max_new_tokens=sampling.max_new_tokens,
-                              workers=pool, max_batch_rows=cfg.rollout.max_batch_rows)
+                              workers=pool, max_batch_rows=cfg.rollout.max_batch_rows, schedule=cfg.rollout.schedule)
     _raise_on_errors(episodes, None)
     return EvalResult(
         pass_rate=float(np.mean([e.passed for e in episodes])),
@@ -365,7 +365,8 @@ class Trainer:
             self.next_group += cfg.rollout.groups
             episodes, _ = rollout(self.envs, seeds, self.engine, self.policy.chat, group_ids=gids,
                                   max_context=self.max_context, max_new_tokens=cfg.rollout.sampling.max_new_tokens,
-                                  workers=self.workers, max_batch_rows=cfg.rollout.max_batch_rows, policy_version=update)
+                                  workers=self.workers, max_batch_rows=cfg.rollout.max_batch_rows, policy_version=update,
+                                  schedule=cfg.rollout.schedule)
             path = TrajectoryStore(episodes).save(self.out / "store" / f"update_{update:05d}_{attempt}.parquet")
             _raise_on_errors(episodes, path)
             all_eps += episodes

@@ -12,6 +12,7 @@ from envs_for_workers import BrokenVault, SlowEnv
 
 from agentrl.core import Tool, make
 from agentrl.engines import SamplingConfig, ScriptedEngine, TorchEngine
+from agentrl.envs.vault import VaultEnv
 from agentrl.rollout import rollout
 from agentrl.workers import ToolRunner, make_pool, parse_workers
 
@@ -91,6 +92,35 @@ def test_sampled_tokens_do_not_depend_on_the_batch(vault_policy):
                               max_batch_rows=rows, workers="thread:4")
         runs.append([e.token_ids() for e in episodes])
     assert runs[0] == runs[1]
+
+
+class JitteryVault(VaultEnv):
+    """Vault whose steps take a seeded-random 0-80 ms (more than a micro-model generation): under `arrival` the rows that share a forward
+    then depend on the thread pool's timing; under `lockstep` they must not."""
+
+    def step(self, action):
+        time.sleep(self._jitter.uniform(0.0, 0.08))
+        return super().step(action)
+
+    def reset(self, *, seed=None, options=None):
+        import random
+
+        self._jitter = random.Random(seed)
+        return super().reset(seed=seed, options=options)
+
+
+def test_lockstep_threads_are_bit_identical_to_the_serial_loop(vault_policy):
+    """Sampled at T=1: tokens, behaviour log-probs (every bit) and rewards equal the serial loop's."""
+    chat = vault_policy.chat
+    runs = []
+    for workers, schedule in [("serial", "arrival"), ("thread:8", "lockstep"), ("thread:8", "lockstep")]:
+        envs = [JitteryVault(locks=2, slack=2) for _ in range(8)]
+        episodes, _ = rollout(envs, list(range(8)), greedy_engine(vault_policy, temperature=1.0), chat,
+                              workers=workers, schedule=schedule)
+        runs.append([(e.token_ids(), [lp for t in e.turns for lp in t.logprobs], e.reward) for e in episodes])
+    assert runs[1] == runs[0] and runs[2] == runs[0]
+    with pytest.raises(ValueError, match="schedule must be arrival or lockstep"):
+        rollout(vault_envs(1), [0], greedy_engine(vault_policy), chat, schedule="whenever")
 
 
 def test_refill_keeps_the_batch_bounded_and_groups_whole(vault_policy, monkeypatch):
