@@ -11,8 +11,8 @@ import pytest
 pytest.importorskip("textarena", reason="textarena is not installed (pip install 'agentrl[textarena]')")
 
 import agentrl  # noqa: E402
-from agentrl.checker import check_env  # noqa: E402
 from agentrl.adapters.textarena_games import HanoiEnv, hanoi_next_move  # noqa: E402
+from agentrl.checker import check_env  # noqa: E402
 
 
 def call(name, **arguments):

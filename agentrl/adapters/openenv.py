@@ -34,7 +34,6 @@ from pydantic import ConfigDict, ValidationError, create_model
 
 from agentrl.core import AgentEnv, EnvError, Tool
 
-
 PROTOCOL = 1  # agentrl.adapters.serve.PROTOCOL; kept here so that a client never imports the server's stack
 _JSON_TYPES: dict[str, Any] = {"string": str, "integer": int, "number": float, "boolean": bool, "array": list,
                                "object": dict}
