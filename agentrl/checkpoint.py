@@ -123,7 +123,8 @@ def verify(folder: Path | str) -> dict[str, Any]:
         raise CheckpointError(f"{folder}: no {MANIFEST} (a write that did not finish)") from None
     except (OSError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{folder}: unreadable {MANIFEST}: {e}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not isinstance(manifest.get("files"),
+                                                                                            dict):
         raise CheckpointError(f"{folder}: {MANIFEST} is not an agentrl checkpoint manifest of format {FORMAT}")
     for name, digest in manifest["files"].items():
         path = folder / name

@@ -144,7 +144,8 @@ class Tool:
         if "__call__" not in vars(model):
             raise TypeError(f"tool model {model.__name__} must define __call__(self, env) -> str")
         name = re.sub(r"(?<!^)(?=[A-Z])", "_", model.__name__).lower()
-        return cls(name, inspect.getdoc(model) or "", model, model.__call__, takes_env=True, timeout=getattr(model, "timeout", None))
+        return cls(name, inspect.getdoc(model) or "", model, model.__call__, takes_env=True,
+                   timeout=getattr(model, "timeout", None))
 
     @property
     def is_async(self) -> bool:
@@ -159,7 +160,8 @@ class Tool:
         params.pop("title", None)
         for prop in params.get("properties", {}).values():
             prop.pop("title", None)
-        return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": params}}
+        return {"type": "function",
+                "function": {"name": self.name, "description": self.description, "parameters": params}}
 
     def run(self, arguments: dict[str, Any], env: Any) -> str:
         """Validate `arguments` (raises `ValidationError`) and call the tool (an `async def` one to its end)."""
@@ -443,7 +445,9 @@ class AgentEnv(gym.Env[str, str]):
         calls = parse_tool_calls(action)
         if not calls:
             names = ", ".join(self._tools)
-            return f'error: no tool call found. Call a tool as <tool_call>{{"name": ..., "arguments": {{...}}}}</tool_call>; tools: {names}.', 1
+            return ('error: no tool call found. Call a tool as '
+                    '<tool_call>{"name": ..., "arguments": {...}}</tool_call>; '
+                    f"tools: {names}."), 1
         outputs, bad, skipped = [], 0, 0
         for call in calls:
             tool = self._tools.get(call.name or "")
@@ -561,7 +565,8 @@ def make(env_id: str, **kwargs: Any) -> AgentEnv:
         try:
             cls = getattr(loaded, attr)
         except AttributeError:
-            found = sorted(k for k, v in vars(loaded).items() if isinstance(v, type) and issubclass(v, AgentEnv) and v is not AgentEnv)
+            found = sorted(k for k, v in vars(loaded).items() if isinstance(v, type) and issubclass(v, AgentEnv)
+                           and v is not AgentEnv)
             raise ValueError(f"cannot load environment {env_id!r}: module {module} has no {attr!r}"
                              + (f"; its AgentEnv classes: {', '.join(found)}" if found else "")) from None
         env = cls(**kwargs)
@@ -575,9 +580,9 @@ def make(env_id: str, **kwargs: Any) -> AgentEnv:
             raise ValueError(f"unknown environment {env_id!r}; built-in: {', '.join(known)}") from e
         env = gym.make(spec, **kwargs)  # agentrl's own ids are registered so that this is the bare env
         if not isinstance(env, AgentEnv) and isinstance(env.unwrapped, AgentEnv):
-            raise TypeError(f"{env_id!r} is registered with gymnasium wrappers ({type(env).__name__}); agentrl steps the "
-                            "AgentEnv itself: register it with disable_env_checker=True, order_enforce=False and no "
-                            "max_episode_steps (the turn budget is the env's max_turns)")
+            raise TypeError(f"{env_id!r} is registered with gymnasium wrappers ({type(env).__name__}); agentrl steps "
+                            "the AgentEnv itself: register it with disable_env_checker=True, order_enforce=False and "
+                            "no max_episode_steps (the turn budget is the env's max_turns)")
     if not isinstance(env, AgentEnv):
         raise TypeError(f"{env_id!r} built a {type(env).__name__}, which is not an agentrl.AgentEnv")
     return env

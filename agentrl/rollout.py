@@ -136,7 +136,8 @@ class _Driver:
                     continue
                 raise RuntimeError("rollout: episodes left but nothing to generate or wait for")  # a bug, not an input
             # wait for the next answer, but not past the moment the ready rows should go anyway
-            timeout = None if not self.ready or self.lockstep else max(0.0, self.ready_since + last_generate - time.perf_counter())
+            timeout = None if not self.ready or self.lockstep else max(0.0, self.ready_since
+                                                                       + last_generate - time.perf_counter())
             done, _ = cf.wait(self.in_flight, timeout=timeout, return_when=cf.FIRST_COMPLETED)
             for future in done:
                 self._answer(future)

@@ -60,7 +60,8 @@ class EvalResult:
     episodes: int
 
     def metrics(self, prefix: str = "eval") -> dict[str, float]:
-        return {f"{prefix}/pass_rate": self.pass_rate, f"{prefix}/reward_mean": self.reward_mean, f"{prefix}/turns_mean": self.turns_mean,
+        return {f"{prefix}/pass_rate": self.pass_rate, f"{prefix}/reward_mean": self.reward_mean,
+                f"{prefix}/turns_mean": self.turns_mean,
                 f"{prefix}/episodes": float(self.episodes)}
 
 
@@ -70,7 +71,8 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def make_engine(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig, seed: int, capture_hidden: bool = False) -> Any:
+def make_engine(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig, seed: int,
+                capture_hidden: bool = False) -> Any:
     """The configured engine (a lookup in agentrl.engines.ENGINES), generating from `policy`."""
     return get_engine_spec(cfg.engine).load()(policy, sampling, seed=seed, capture_hidden=capture_hidden)
 
@@ -105,7 +107,8 @@ def evaluate(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig | None, 
     seeds = [cfg.eval.seed_offset + i for i in range(n)]
     engine = make_engine(cfg, policy, sampling, seed=cfg.seed + 12345)
     with make_pool(cfg.rollout.env_workers, cfg.rollout.tool_timeout, cfg.rollout.tool_timeouts) as pool:
-        episodes, _ = rollout(envs, seeds, engine, policy.chat, max_context=max_context, max_new_tokens=sampling.max_new_tokens,
+        episodes, _ = rollout(envs, seeds, engine, policy.chat, max_context=max_context,
+                              max_new_tokens=sampling.max_new_tokens,
                               workers=pool, max_batch_rows=cfg.rollout.max_batch_rows, schedule=cfg.rollout.schedule)
     _raise_on_errors(episodes, None)
     return EvalResult(
@@ -164,7 +167,8 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         if not resume or not (self.out / "config.yaml").exists():  # a resumed run keeps its own (and its header)
             (self.out / "config.yaml").write_text(_decisions_header(self.decisions) + cfg.to_yaml())
-        self.monitor = monitor or Monitor(self.out, total=cfg.updates, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb,
+        self.monitor = monitor or Monitor(self.out, total=cfg.updates, tensorboard=cfg.log.tensorboard,
+                                          wandb=cfg.log.wandb,
                                           wandb_project=cfg.log.wandb_project, config=cfg.model_dump(mode="json"))
         self.monitor.say(f"run folder: {self.out}")
         found = latest(self.out / CHECKPOINTS, warn=lambda m: self.monitor.say(f"[yellow]warning[/yellow]: {m}")) \
@@ -200,7 +204,8 @@ class Trainer:
         opt = torch.optim.AdamW(self.trainable, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
         self.model, self.optimizer = self.accelerator.prepare(self.policy.model, opt)
         self.envs = [make(cfg.env.id, **cfg.env.kwargs) for _ in range(cfg.rollout.groups * cfg.rollout.group_size)]
-        self.engine = make_engine(cfg, self.policy, cfg.rollout.sampling, seed=cfg.seed, capture_hidden=self.spec.reads_hidden(cfg.credit))
+        self.engine = make_engine(cfg, self.policy, cfg.rollout.sampling, seed=cfg.seed,
+                                  capture_hidden=self.spec.reads_hidden(cfg.credit))
         self.workers = make_pool(cfg.rollout.env_workers, cfg.rollout.tool_timeout, cfg.rollout.tool_timeouts)
         self.syncs_weights = get_engine_spec(cfg.engine).syncs_weights
         self.task_rng = np.random.default_rng(cfg.seed)
@@ -247,7 +252,8 @@ class Trainer:
             "stopped": self.stopped, "decisions": self.decisions, "monitor": self.monitor.position(),
             "engine_state": engine is not None,
         }
-        files = {"model.pt": weights, "optimizer.pt": self.optimizer.state_dict(), "assigner.pt": self.assigner.state_dict(),
+        files = {"model.pt": weights, "optimizer.pt": self.optimizer.state_dict(),
+                 "assigner.pt": self.assigner.state_dict(),
                  "rng.pt": {**rng_tensors, **({"engine": engine} if engine is not None else {})}, "state.json": state}
         return write_checkpoint(self.out / CHECKPOINTS, self.done, files, keep=self.cfg.checkpoint.keep)
 
@@ -307,7 +313,8 @@ class Trainer:
         if self._signal is None:
             return
         name = signal.Signals(self._signal).name
-        self.monitor.say(f"{name} at update {self.done}: checkpoint saved; resume with: agentrl train --resume {self.out}")
+        self.monitor.say(f"{name} at update {self.done}: checkpoint saved; resume with: agentrl train --resume "
+                         f"{self.out}")
         self.monitor.close()
         raise SystemExit(128 + self._signal)
 
@@ -315,7 +322,8 @@ class Trainer:
 
     def knobs(self) -> Knobs:
         cfg = self.cfg
-        return Knobs(entropy_coef=cfg.loss.entropy_coef, kl_coef=cfg.loss.kl_coef, temperature=cfg.rollout.sampling.temperature,
+        return Knobs(entropy_coef=cfg.loss.entropy_coef, kl_coef=cfg.loss.kl_coef,
+                     temperature=cfg.rollout.sampling.temperature,
                      base_temperature=self.base_temperature,
                      dynamic_sampling=cfg.credit.dynamic_sampling if self.spec.resampling else None,
                      verifier_tests=getattr(self.envs[0], "hidden_per_episode", None))
@@ -365,7 +373,8 @@ class Trainer:
             self.next_group += cfg.rollout.groups
             episodes, _ = rollout(self.envs, seeds, self.engine, self.policy.chat, group_ids=gids,
                                   max_context=self.max_context, max_new_tokens=cfg.rollout.sampling.max_new_tokens,
-                                  workers=self.workers, max_batch_rows=cfg.rollout.max_batch_rows, policy_version=update,
+                                  workers=self.workers, max_batch_rows=cfg.rollout.max_batch_rows,
+                                  policy_version=update,
                                   schedule=cfg.rollout.schedule)
             path = TrajectoryStore(episodes).save(self.out / "store" / f"update_{update:05d}_{attempt}.parquet")
             _raise_on_errors(episodes, path)
@@ -407,7 +416,8 @@ class Trainer:
                     m = mb.select(idx).trim().to(device)
                     share = _share(m.action_mask, mb.action_mask, cfg.loss.agg)
                     with self.accelerator.autocast():  # bf16 on CUDA; token_stats may bypass the prepared forward
-                        ts = token_stats(self.model, m.input_ids, m.attention_mask, cfg.rollout.sampling.temperature or 1.0, entropy=True,
+                        ts = token_stats(self.model, m.input_ids, m.attention_mask, cfg.rollout.sampling.temperature
+                                         or 1.0, entropy=True,
                                          only=m.action_mask)
                     loss, s = policy_loss(ts.logp, m.behaviour_logp, m.advantages, m.action_mask, cfg.loss,
                                           ref_logp=m.ref_logp, entropy=ts.entropy, turn_index=m.turn_index)
@@ -419,7 +429,8 @@ class Trainer:
                         step_stats[k] = step_stats.get(k, 0.0) + share * v
                     tokens += int(m.attention_mask.sum())
                     padded += m.input_ids.numel()
-                gn = self.accelerator.clip_grad_norm_(self.trainable, cfg.optim.max_grad_norm) if finite else float("nan")
+                gn = self.accelerator.clip_grad_norm_(self.trainable,
+                                                      cfg.optim.max_grad_norm) if finite else float("nan")
                 step_stats["grad_norm"] = float(gn)
                 # a non-finite loss or gradient skips the step (the weights stay sound) and raises the
                 # NON-FINITE alarm, which ends the run after logging it
@@ -450,7 +461,8 @@ class Trainer:
             model = self.reference if self.reference is not None else self.model
             for idx in batch.micro_batches(self.cfg.optim.micro_batch_tokens):
                 m = batch.select(idx).trim().to(self.accelerator.device)
-                out[idx, : m.input_ids.shape[1]] = token_stats(model, m.input_ids, m.attention_mask, temp, only=m.action_mask).logp.float().cpu()
+                out[idx, : m.input_ids.shape[1]] = token_stats(model, m.input_ids, m.attention_mask, temp,
+                                                               only=m.action_mask).logp.float().cpu()
         return out
 
     def check_health(self, row: dict[str, Any]) -> str | None:
@@ -480,7 +492,8 @@ class Trainer:
             self.critic_only_updates += 1
             if self.critic_only_updates == 1:
                 opts = self.cfg.credit
-                until = ", ".join(f"{k} {getattr(opts, k)}" for k in ("warmup_ev", "warmup_updates") if hasattr(opts, k))
+                until = ", ".join(f"{k} {getattr(opts, k)}" for k in ("warmup_ev", "warmup_updates")
+                                  if hasattr(opts, k))
                 self.monitor.say(f"update {update}: critic only -- {self.cfg.algo}'s critic warms up before the policy "
                                  f"moves (until {until or 'its critic is ready'}; critic EV now "
                                  f"{metrics.get('credit/critic_ev', float('nan')):.2f})")
@@ -507,12 +520,14 @@ class Trainer:
         cfg = self.cfg
         t_start = time.perf_counter()
         trained = sum(p.numel() for p in self.trainable)
-        self.monitor.say(f"policy: {self.policy.num_parameters:,} parameters ({trained:,} trained); assigner: {cfg.algo}; {cfg.updates} updates of "
-                         f"{cfg.rollout.groups}x{cfg.rollout.group_size} episodes on {cfg.env.id}")
+        self.monitor.say(f"policy: {self.policy.num_parameters:,} parameters ({trained:,} trained); assigner: "
+                         f"{cfg.algo}; {cfg.updates} updates of {cfg.rollout.groups}x{cfg.rollout.group_size} episodes "
+                         f"on {cfg.env.id}")
         if self.warm is None:  # a fresh run (a resumed one has it from its checkpoint)
             self.warm = warm or evaluate(cfg, self.policy, self.eval_sampling, self.max_context)
             self.last_eval = self.warm
-            self.monitor.say(f"warm start: held-out pass rate {self.warm.pass_rate:.3f} over {self.warm.episodes} episodes")
+            self.monitor.say(f"warm start: held-out pass rate {self.warm.pass_rate:.3f} over {self.warm.episodes} "
+                             "episodes")
             self.history.append({"step": 0, **self.warm.metrics()})
             self.monitor.log(self.history[-1])
             self._exit_on_signal()  # nothing to save yet: a resumed run starts over
@@ -526,7 +541,8 @@ class Trainer:
             episodes, metrics = self.collect(update)
             t_roll = time.perf_counter() - t0
             batch = make_batch(episodes, self.policy.chat.pad_id)
-            batch = batch.with_(ref_logp=self.reference_logp(batch))  # once per batch: the KL and the implicit PRM read it
+            # once per batch: the KL and the implicit PRM read it
+            batch = batch.with_(ref_logp=self.reference_logp(batch))
             fit = self.assigner.fit(batch)
             credit = self.assigner.assign(batch, fit)
             metrics.update({f"credit/{k}": v for k, v in {**fit.metrics, **credit.metrics}.items()})
@@ -571,7 +587,8 @@ class Trainer:
             "updates": cfg.updates,
             "updates_done": done,
             "stopped": stopped,
-            "alarms": sorted({r.split(":", 1)[0] for row in self.history for r in row.get("health/reasons", []) if ":" in r}),
+            "alarms": sorted({r.split(":", 1)[0] for row in self.history for r in row.get("health/reasons", [])
+                              if ":" in r}),
             "interventions": [a for row in self.history for a in row.get("health/actions", [])],
             "seed": cfg.seed,
             "warm_start_pass_rate": warm.pass_rate,
@@ -624,8 +641,8 @@ def _decisions_header(decisions: dict[str, Any]) -> str:
     if not auto:
         return ""
     stats = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in auto["statistics"].items())
-    return (f"# algo: {auto['algo']}, picked by --algo auto (the horizon probe), rule {auto['rule']}: {auto['reason']}\n"
-            f"# probe statistics: {stats}\n# thresholds: {auto['thresholds']}\n")
+    return (f"# algo: {auto['algo']}, picked by --algo auto (the horizon probe), rule {auto['rule']}: "
+            f"{auto['reason']}\n# probe statistics: {stats}\n# thresholds: {auto['thresholds']}\n")
 
 
 def _warm_start_record(folder: Path) -> dict[str, Any]:

@@ -56,7 +56,8 @@ def compare(ref: Path, run: Path, updates: int) -> dict[str, object]:
     for s in (sa, sb):
         s.pop("wall_s")
         s.pop("checkpoint")
-    checks = {"weights_max_abs_diff": diff, "metrics_equal": timeless(ref / "metrics.jsonl") == timeless(run / "metrics.jsonl"),
+    checks = {"weights_max_abs_diff": diff,
+              "metrics_equal": timeless(ref / "metrics.jsonl") == timeless(run / "metrics.jsonl"),
               "store_once_each": store == [f"update_{u:05d}_0.parquet" for u in range(1, updates + 1)],
               "summary_equal": sa == sb}
     checks["match"] = diff == 0.0 and all(v for k, v in checks.items() if k != "weights_max_abs_diff")

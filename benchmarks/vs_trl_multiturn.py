@@ -153,7 +153,8 @@ def cached_model(work: Path, args: argparse.Namespace) -> tuple[Path, dict[str, 
     from agentrl.stages.sft import cache_root
 
     parts = {"model": MODEL.model_dump(), "locks": LOCKS, "demos": args.demos, "epochs": args.sft_epochs,
-             "noise": args.sft_noise, "seed": args.seed, "template": hashlib.sha256(qwen_template().encode()).hexdigest()}
+             "noise": args.sft_noise, "seed": args.seed,
+             "template": hashlib.sha256(qwen_template().encode()).hexdigest()}
     key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
     folder = cache_root() / "vs_trl_multiturn" / key
     if (folder / "sft.json").exists():
@@ -480,7 +481,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "optimizer step")
     if st["turns_per_episode"] < 0.8 * sa["turns_per_episode"]:
         print(f"NOT LIKE FOR LIKE: TRL's episodes ran {st['turns_per_episode']:.1f} turns, agentrl's "
-              f"{sa['turns_per_episode']:.1f}: the warm start writes too few valid tool calls (more --demos/--sft-epochs)")
+              f"{sa['turns_per_episode']:.1f}: the warm start writes too few valid tool calls (more "
+              "--demos/--sft-epochs)")
     RESULT.parent.mkdir(parents=True, exist_ok=True)
     RESULT.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))

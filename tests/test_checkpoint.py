@@ -80,7 +80,8 @@ def assert_same_run(a: Path, b: Path, updates: int) -> None:
     assert timeless(a / "metrics.jsonl") == timeless(b / "metrics.jsonl")
     steps = [r["step"] for r in timeless(b / "metrics.jsonl") if not r.get("final")]
     assert steps == list(range(updates + 1))  # no step twice, none missing
-    assert sorted(p.name for p in (b / "store").iterdir()) == [f"update_{u:05d}_0.parquet" for u in range(1, updates + 1)]
+    assert sorted(p.name for p in (b / "store").iterdir()) == [f"update_{u:05d}_0.parquet"
+                                                               for u in range(1, updates + 1)]
     sa, sb = (json.loads((d / "summary.json").read_text()) for d in (a, b))
     for s in (sa, sb):
         s.pop("wall_s")

@@ -97,14 +97,17 @@ def test_malformed_call_is_a_counted_observation(action, needle):
 @pytest.mark.parametrize(
     "action, needle",
     [
-        ("<tool_call>" + "[" * 1000 + "]" * 1000 + "</tool_call>", "nested too deeply"),  # RecursionError in json
+        # 1,000 deep: json raises RecursionError or decodes a list, by how deep the caller's stack already is
+        ("<tool_call>" + "[" * 1000 + "]" * 1000 + "</tool_call>", "error"),
+        ("<tool_call>" + "[" * 100_000 + "]" * 100_000 + "</tool_call>", "nested too deeply"),  # always RecursionError
         # int() limit
         ('<tool_call>{"name": "add", "arguments": {"x": ' + "7" * 4301 + "}}</tool_call>", "number too long"),
         ('<tool_call>{"name": "add", "arguments": "' + "[" * 5000 + '"}</tool_call>',
          '"arguments" must be a JSON object'),
         ('<tool_call>{"name": "add", "arguments": {"' + "k" * 10_000 + '": 1}}</tool_call>', "more characters"),
     ],
-    ids=["nested-1000-deep", "int-of-4301-digits", "arguments-string-nested-5000-deep", "key-of-10000-characters"],
+    ids=["nested-1000-deep", "nested-100000-deep", "int-of-4301-digits", "arguments-string-nested-5000-deep",
+         "key-of-10000-characters"],
 )
 def test_inputs_that_crash_a_json_decoder_are_counted_observations(action, needle):
     env = Counter()

@@ -33,7 +33,8 @@ def test_trl_tool_calls_become_the_action_text_the_policy_writes(tmp_path):
     ((n, conv),) = load_conversations(write(tmp_path, TRL_CONV))
     assert n == 1
     assert [(m.role, m.content) for m in conv.messages] == [
-        ("user", "Compute 3*4+5."), ("assistant", CALC_TEXT), ("tool", "17"), ("assistant", "Submitting." + ANSWER_TEXT)]
+        ("user", "Compute 3*4+5."), ("assistant", CALC_TEXT), ("tool", "17"),
+        ("assistant", "Submitting." + ANSWER_TEXT)]
     calls = parse_tool_calls(conv.messages[3].content)  # what an env would parse out of it
     assert [(c.name, c.arguments, c.error) for c in calls] == [("answer", {"value": 17}, None)]
 
@@ -78,12 +79,14 @@ def test_preference_rows_in_trls_shapes():
     rejected = [{"role": "assistant", "content": "<tool_call>{\"name\": \"answer\", \"arguments\": {\"value\": 9}}"
                                                  "</tool_call>"}]
     shared = PreferencePair.model_validate({"prompt": prompt, "chosen": chosen, "rejected": rejected})
-    assert [(m.role, m.content) for m in shared.chosen.messages] == [("user", "Compute 3*4+5."), ("assistant", CALC_TEXT)]
+    assert [(m.role, m.content) for m in shared.chosen.messages] == [("user", "Compute 3*4+5."),
+                                                                     ("assistant", CALC_TEXT)]
     assert shared.rejected.messages[0].content == "Compute 3*4+5."
     implicit = PreferencePair.model_validate({"chosen": prompt + chosen, "rejected": prompt + rejected})
     assert implicit.chosen.messages == shared.chosen.messages  # the prompt inside each side: the same pair
     standard = PreferencePair.model_validate({"prompt": "Compute 3*4+5.", "chosen": CALC_TEXT, "rejected": "17?"})
-    assert [(m.role, m.content) for m in standard.rejected.messages] == [("user", "Compute 3*4+5."), ("assistant", "17?")]
+    assert [(m.role, m.content) for m in standard.rejected.messages] == [("user", "Compute 3*4+5."),
+                                                                         ("assistant", "17?")]
     ours = PreferencePair.model_validate({"prompt": prompt, "chosen": {"messages": chosen, "reward": 1.0},
                                           "rejected": {"messages": rejected}})
     assert ours.chosen.reward == 1.0 and ours.chosen.messages == shared.chosen.messages

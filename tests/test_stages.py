@@ -75,7 +75,7 @@ def test_bad_preference_data_gives_clear_errors_or_counted_skips(tmp_path, vault
     chat = vault_policy.chat
     f = tmp_path / "pairs.jsonl"
     f.write_text(json.dumps({"chosen": conv("a")}) + "\n")
-    with pytest.raises(DataError, match=r"pairs.jsonl:1: rejected: Field required"):
+    with pytest.raises(DataError, match=r"pairs.jsonl:1: rejected: "):
         load_pairs(f, chat)
     f.write_text("")
     with pytest.raises(DataError, match="holds no records"):

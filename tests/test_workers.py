@@ -95,7 +95,8 @@ def test_sampled_tokens_do_not_depend_on_the_batch(vault_policy):
 
 
 class JitteryVault(VaultEnv):
-    """Vault whose steps take a seeded-random 0-80 ms (more than a micro-model generation): under `arrival` the rows that share a forward
+    """Vault whose steps take a seeded-random 0-80 ms (more than a micro-model generation): under `arrival` the rows
+    that share a forward
     then depend on the thread pool's timing; under `lockstep` they must not."""
 
     def step(self, action):

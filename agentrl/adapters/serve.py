@@ -111,7 +111,8 @@ def server_types() -> tuple[type, type, type]:
             return self._state
 
         def get_metadata(self) -> EnvironmentMetadata:
-            return EnvironmentMetadata(name=self.env_id, description=self.env.system_prompt or type(self.env).__doc__ or "",
+            return EnvironmentMetadata(name=self.env_id, description=self.env.system_prompt or type(self.env).__doc__
+                                       or "",
                                        version=f"agentrl-openenv/{PROTOCOL}")
 
     return TextAction, AgentObservation, AgentEnvironment

@@ -441,4 +441,5 @@ class SokobanEnv(_GridGame):
 for _name, _cls, _kwargs in [("TowerOfHanoi", "HanoiEnv", {"disks": 3}), ("FrozenLake", "FrozenLakeEnv", {"size": 4}),
                              ("Sokoban", "SokobanEnv", {"size": 6, "boxes": 1})]:
     gymnasium.register(id=f"agentrl/TA-{_name}-v0", entry_point=f"agentrl.adapters.textarena_games:{_cls}",
-                       kwargs=_kwargs, disable_env_checker=True, order_enforce=False)  # make() returns the bare AgentEnv
+                       # make() returns the bare AgentEnv
+                       kwargs=_kwargs, disable_env_checker=True, order_enforce=False)

@@ -176,7 +176,8 @@ class TorchEngine:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if (state["generator"] is None) != (self.generator is None):
-            raise ValueError("engine state: saved from an engine " + ("without" if state["generator"] is None else "with")
+            raise ValueError("engine state: saved from an engine "
+                             + ("without" if state["generator"] is None else "with")
                              + " a seed, loaded into one " + ("without" if self.generator is None else "with") + " one")
         if self.generator is not None:
             self.generator.set_state(state["generator"])

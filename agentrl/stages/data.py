@@ -2,8 +2,11 @@ r"""Demonstration and preference data from files: JSONL conversations laid out a
 
 One episode per line (or per `chosen`/`rejected` side of a pair); three lines of `demos.jsonl`::
 
-    {"messages": [{"role": "user", "content": "Compute 3*4+5."}, {"role": "assistant", "content": "<tool_call>{\"name\": \"calc\", \"arguments\": {\"expression\": \"3*4+5\"}}</tool_call>"}, {"role": "tool", "content": "17"}, {"role": "assistant", "content": "<tool_call>{\"name\": \"answer\", \"arguments\": {\"value\": 17}}</tool_call>"}]}
-    {"messages": [{"role": "system", "content": "Solve the task with the tools."}, {"role": "user", "content": "Compute 2*9+4."}, ...], "reward": 1.0}
+    {"messages": [{"role": "user", "content": "Compute 3*4+5."}, {"role": "assistant", "content": "<tool_call>{\"name\":
+    \"calc\", \"arguments\": {\"expression\": \"3*4+5\"}}</tool_call>"}, {"role": "tool", "content": "17"}, {"role":
+    "assistant", "content": "<tool_call>{\"name\": \"answer\", \"arguments\": {\"value\": 17}}</tool_call>"}]}
+    {"messages": [{"role": "system", "content": "Solve the task with the tools."}, {"role": "user", "content": "Compute
+    2*9+4."}, ...], "reward": 1.0}
     {"system": "Solve the task with the tools.", "tools": [], "messages": [...]}
 
 - `messages`: an optional `system` message first, then the task (`user`), then `assistant` and
@@ -119,7 +122,8 @@ def _from_openai(messages: Any) -> Any:
 
 class Conversation(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    system: str | None = Field(None, description="The system prompt; None: the environment's (see the module docstring).")
+    system: str | None = Field(None, description="The system prompt; None: the environment's (see the module "
+                               "docstring).")
     tools: list[dict[str, Any]] | None = Field(None, description="Tool schemas; None: the environment's.")
     messages: list[Message]
     reward: float = 0.0
@@ -142,7 +146,8 @@ class Conversation(BaseModel):
         msgs = self.messages
         if msgs and msgs[0].role == "system":
             if self.system is not None:
-                raise ValueError("the system prompt is given twice (the `system` field and a leading system message): keep one")
+                raise ValueError("the system prompt is given twice (the `system` field and a leading system message): "
+                                 "keep one")
             self.system = msgs[0].content
             self.messages = msgs = msgs[1:]
         if any(m.role == "system" for m in msgs):
@@ -152,7 +157,8 @@ class Conversation(BaseModel):
         for i, m in enumerate(msgs[1:], start=1):
             expected = "assistant" if i % 2 == 1 else "tool"
             if m.role != expected:
-                raise ValueError(f"messages[{i}] is {m.role!r}, expected {expected!r} (assistant and tool turns alternate)")
+                raise ValueError(f"messages[{i}] is {m.role!r}, expected {expected!r} (assistant and tool turns "
+                                 "alternate)")
         if msgs[-1].role != "assistant":
             raise ValueError("the last message must be the assistant's")
         return self
@@ -270,7 +276,8 @@ def load_conversations(path: str | Path, system: str | None = None, tools: list[
             conv = Conversation.model_validate(obj)
         except ValidationError as e:
             raise DataError(_where(path, n, e)) from None
-        update = {k: v for k, v in {"system": system, "tools": tools}.items() if getattr(conv, k) is None and v is not None}
+        update = {k: v for k, v in {"system": system, "tools": tools}.items() if getattr(conv, k) is None
+                  and v is not None}
         out.append((n, conv.model_copy(update=update)))
     return out
 

@@ -55,7 +55,8 @@ def play_expert(env: AgentEnv, seed: int, noise: float) -> tuple[list[tuple[str,
 
 def expert_texts(env: AgentEnv, seeds: Sequence[int], noise: float) -> list[str]:
     """Whole expert conversations as text (what the tiny tokenizer is trained on)."""
-    return [render_corpus_text(env.system_prompt, env.tool_schemas(), play_expert(env, seed, noise)[0]) for seed in seeds]
+    return [render_corpus_text(env.system_prompt, env.tool_schemas(), play_expert(env, seed, noise)[0])
+            for seed in seeds]
 
 
 def expert_pass_rate(env: AgentEnv, seeds: Sequence[int], noise: float) -> float:
@@ -90,7 +91,8 @@ def calibrate_noise(env: AgentEnv, target: float, episodes: int = 48, steps: int
     return noise, tried[noise]
 
 
-def collect_demos(make_env: Callable[[], AgentEnv], chat: ChatFormat, seeds: Sequence[int], noise: float, batch: int = 64) -> list[Episode]:
+def collect_demos(make_env: Callable[[], AgentEnv], chat: ChatFormat, seeds: Sequence[int], noise: float,
+                  batch: int = 64) -> list[Episode]:
     """Expert episodes, tokenised exactly as the policy's rollouts are."""
     demos: list[Episode] = []
     envs = [make_env() for _ in range(min(batch, len(seeds)))]
@@ -141,7 +143,8 @@ def sft(
         rng.shuffle(order)
         for i in range(0, len(order), batch_size):
             b = make_batch([demos[j] for j in order[i : i + batch_size]], pad_id).to(device)
-            out = model(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=position_ids_from_mask(b.attention_mask), use_cache=False)
+            out = model(input_ids=b.input_ids, attention_mask=b.attention_mask,
+                        position_ids=position_ids_from_mask(b.attention_mask), use_cache=False)
             loss = sft_loss(out.logits, b.input_ids, b.action_mask)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -157,7 +160,8 @@ def sft(
                      "sft/elapsed_s": elapsed, "sft/eta_s": elapsed / step * (steps - step)})
     model.eval()
     secs = time.perf_counter() - t0
-    return {"sft/loss": float(loss_ema or 0.0), "sft/steps": step, "sft/seconds": secs, "sft/tokens_per_s": tokens / secs}
+    return {"sft/loss": float(loss_ema or 0.0), "sft/steps": step, "sft/seconds": secs,
+            "sft/tokens_per_s": tokens / secs}
 
 
 def progress_lines(say: Callable[[str], None] | None = None, every: float = 0.1) -> Callable[[dict[str, Any]], None]:
@@ -168,8 +172,8 @@ def progress_lines(say: Callable[[str], None] | None = None, every: float = 0.1)
         step, steps = m["sft/step"], m["sft/steps"]
         stride = max(1, round(steps * every))
         if step == 1 or step % stride == 0 or step == steps:
-            say(f"  sft step {step}/{steps}  loss {m['sft/loss']:.4f}  {step / max(m['sft/elapsed_s'], 1e-9):.1f} steps/s  "
-                f"ETA {_duration(m['sft/eta_s'])}")
+            say(f"  sft step {step}/{steps}  loss {m['sft/loss']:.4f}  {step / max(m['sft/elapsed_s'], 1e-9):.1f} "
+                f"steps/s  ETA {_duration(m['sft/eta_s'])}")
 
     return log
 
@@ -227,7 +231,8 @@ def warm_start_parts(env: AgentEnv, env_id: str, env_kwargs: dict[str, Any], tin
             expert = f"fingerprint {fp}"
         else:
             try:
-                expert = f"class source {_sha(inspect.getsource(type(env)))} (the expert is not reproducible from its seed)"
+                source = _sha(inspect.getsource(type(env)))
+                expert = f"class source {source} (the expert is not reproducible from its seed)"
             except (OSError, TypeError):
                 expert = f"class {type(env).__qualname__} (the expert is not reproducible from its seed)"
     return {
@@ -310,8 +315,8 @@ def warm_start(
         say(f"warm start: cached at {folder}")
         return folder
     why = "sft.rebuild is set" if sft_cfg.rebuild else why_rebuild(root, parts)
-    say(f"warm start: building the tiny policy for {env_id} ({sft_cfg.episodes} demonstrations, {sft_cfg.epochs} epochs) "
-        f"because {why}")
+    say(f"warm start: building the tiny policy for {env_id} ({sft_cfg.episodes} demonstrations, {sft_cfg.epochs} "
+        f"epochs) because {why}")
     torch.manual_seed(seed)
     t0 = time.perf_counter()
     if sft_cfg.noise == "auto":
@@ -325,11 +330,13 @@ def warm_start(
     corpus = expert_texts(env, range(10_000_000, 10_000_000 + 400), noise=max(noise, 0.3))
     build_tiny_policy(corpus, tmp, tiny, seed=seed)
     policy = Policy.load(tmp)
-    demos = collect_demos(lambda: make(env_id, **env_kwargs), policy.chat, list(range(20_000_000, 20_000_000 + sft_cfg.episodes)), noise)
+    demos = collect_demos(lambda: make(env_id, **env_kwargs), policy.chat,
+                          list(range(20_000_000, 20_000_000 + sft_cfg.episodes)), noise)
     demo_rate = sum(d.passed for d in demos) / len(demos)
     hint = ""
     if sft_cfg.noise != "auto" and not 0.1 <= demo_rate <= 0.9:
-        hint = (" -- far from about half: the warm start will " + ("rarely pass" if demo_rate < 0.1 else "copy a near-perfect "
+        hint = (" -- far from about half: the warm start will "
+                + ("rarely pass" if demo_rate < 0.1 else "copy a near-perfect "
                 "expert and leave RL little to learn") + "; --sft.noise auto calibrates the slip rate to a target")
     say(f"warm start: the expert (noise {noise:g}) passes {demo_rate:.2f} of its {len(demos)} demonstrations{hint}")
     metrics = sft(policy.model, demos, policy.chat.pad_id, epochs=sft_cfg.epochs, lr=sft_cfg.lr_for(pretrained=False),
@@ -351,11 +358,13 @@ def warm_start(
             shutil.rmtree(tmp, ignore_errors=True)
     else:
         tmp.replace(folder)
-    say(f"warm start: {metrics['parameters']:,} parameters, SFT loss {metrics['sft/loss']:.3f} in {metrics['sft/seconds']:.0f}s, saved to {folder}")
+    say(f"warm start: {metrics['parameters']:,} parameters, SFT loss {metrics['sft/loss']:.3f} in "
+        f"{metrics['sft/seconds']:.0f}s, saved to {folder}")
     return folder
 
 
-def tiny_policy_from_conversations(convs: Sequence[Any], out: str | Path, tiny: TinyModelConfig, seed: int = 0) -> Policy:
+def tiny_policy_from_conversations(convs: Sequence[Any], out: str | Path, tiny: TinyModelConfig,
+                                   seed: int = 0) -> Policy:
     """The tiny policy with a tokenizer trained on these conversations (`agentrl.stages.data.Conversation`),
     for demonstrations of an env without a scripted expert: the same build the warm start does, on
     the demonstrations' own text."""
