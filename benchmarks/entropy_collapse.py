@@ -26,7 +26,7 @@ from typing import Any
 from agentrl.config import TrainConfig
 from agentrl.health import ENTROPY_COLLAPSE, early_level, series
 from agentrl.report import read_metrics, write_report
-from agentrl.trainer import Trainer
+from agentrl.trainer import train
 
 
 def configs(args: argparse.Namespace) -> dict[str, TrainConfig]:
@@ -90,7 +90,7 @@ def main() -> None:
     results = {}
     for name, cfg in configs(args).items():
         run = Path(cfg.out)
-        summary = json.loads((run / "summary.json").read_text()) if args.reuse else Trainer(cfg).train()
+        summary = json.loads((run / "summary.json").read_text()) if args.reuse else train(cfg)
         write_report(run)
         results[name] = figures(name, run, summary, cfg.health.baseline_steps)
         print(f"{name}: alarms {results[name]['alarms'] or 'none'}; report {run / 'report.html'}", flush=True)
