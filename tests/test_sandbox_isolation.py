@@ -191,8 +191,11 @@ def test_memory_is_limited_for_the_whole_run():
         "print('exits', sorted(os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in kids), flush=True)\n"
     )
     r = sb.run_program(code)
-    assert r.stdout.count("held") * 150 <= 256, r  # without the cgroup all four hold 600 MB together
-    assert "exits" in r.stdout and "-9" in r.stdout, r  # the others were OOM-killed, inside the run only
+    # A child may print "held" and still be the one the run's OOM killer picks when a sibling allocates,
+    # so count the children that lived to exit normally: all four hold their 150 MB at once (they sleep 3 s),
+    # so more than one survivor would be 300 MB inside 256. Without the cgroup all four exit 0 (600 MB).
+    exits = r.stdout.split("exits", 1)[1] if "exits" in r.stdout else ""
+    assert exits and exits.count(" 0") + exits.count("[0") <= 1 and "-9" in exits, r
 
 
 def test_no_preexec_fn_in_a_thread_pool(monkeypatch):
