@@ -304,12 +304,10 @@ def trl_trainer(model_dir: Path, args: argparse.Namespace, out: Path, turns: Tur
     return trainer, step_logs
 
 
-def run_both(model_dir: Path, args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """Build both trainers, then run them in two threads taking turns: agentrl's evaluation before
-    training, TRL's warm-up step, agentrl's warm-up update, then one timed update each, in turn."""
-    turns = Turns("agentrl", "trl")
-    a_trainer, a_rows = agentrl_trainer(model_dir, args, work / "agentrl", turns)
-    t_trainer, t_logs = trl_trainer(model_dir, args, work / "trl", turns)
+def take_turns(a_trainer: Any, t_trainer: Any, a_rows: list[dict[str, Any]], turns: Turns,
+               updates: int) -> dict[str, Any]:
+    """Run both trainers in two threads that take turns, one update each; check that each ran all
+    `1 + updates` updates (the warm-up and the timed ones). Returns each side's `train()` result."""
     errors: dict[str, BaseException] = {}
     results: dict[str, Any] = {}
 
@@ -331,12 +329,23 @@ def run_both(model_dir: Path, args: argparse.Namespace, work: Path) -> dict[str,
     for name, e in errors.items():
         raise RuntimeError(f"the {name} side failed: {type(e).__name__}: {e}") from e
 
-    n = 1 + args.updates
+    n = 1 + updates
     a_updates = [r for r in a_rows if r.get("step", 0) >= 1]
     if len(a_updates) != n or results["agentrl"]["stopped"]:
         raise RuntimeError(f"agentrl ran {len(a_updates)} of {n} updates (stopped: {results['agentrl']['stopped']})")
     if len(turns.wall["trl"]) != n:
         raise RuntimeError(f"TRL ran {len(turns.wall['trl'])} of {n} steps")
+    return results
+
+
+def run_both(model_dir: Path, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Build both trainers, then run them in two threads taking turns: agentrl's evaluation before
+    training, TRL's warm-up step, agentrl's warm-up update, then one timed update each, in turn."""
+    turns = Turns("agentrl", "trl")
+    a_trainer, a_rows = agentrl_trainer(model_dir, args, work / "agentrl", turns)
+    t_trainer, t_logs = trl_trainer(model_dir, args, work / "trl", turns)
+    results = take_turns(a_trainer, t_trainer, a_rows, turns, args.updates)
+    a_updates = [r for r in a_rows if r.get("step", 0) >= 1]
     return {
         # agentrl's first interval is the evaluation before training, its second and TRL's first the warm-up
         "agentrl": {"wall": turns.wall["agentrl"][2:], "cpu": turns.cpu["agentrl"][2:],

@@ -73,7 +73,6 @@ import shlex
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -85,7 +84,7 @@ for p in (HERE.parent, HERE):  # the repository (for `examples`) and benchmarks/
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # environment_factory is marked experimental in TRL 1.16
 
 import torch  # noqa: E402
-from vs_trl import CLIP_EPS, LR, Turns  # noqa: E402
+from vs_trl import CLIP_EPS, LR, Turns, take_turns  # noqa: E402
 
 from agentrl.core import make  # noqa: E402
 from agentrl.policy import TINY_CHAT_TEMPLATE, ChatFormat, TinyModelConfig, build_tiny_policy  # noqa: E402
@@ -330,33 +329,8 @@ def run_both(model_dir: Path, args: argparse.Namespace, work: Path) -> dict[str,
     turns = Turns("agentrl", "trl")
     a_trainer, a_rows = agentrl_trainer(model_dir, args, work / "agentrl", turns)
     t_trainer, t_stats = trl_trainer(model_dir, args, work / "trl", turns)
-    errors: dict[str, BaseException] = {}
-    results: dict[str, Any] = {}
-
-    def run(name: str, train: Any) -> None:
-        try:
-            turns.start(name)
-            results[name] = train()
-        except BaseException as e:  # reported by the main thread
-            errors[name] = e
-        finally:
-            turns.finish(name)
-
-    threads = [threading.Thread(target=run, args=("agentrl", a_trainer.train)),
-               threading.Thread(target=run, args=("trl", t_trainer.train))]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    for name, e in errors.items():
-        raise RuntimeError(f"the {name} side failed: {type(e).__name__}: {e}") from e
-
-    n = 1 + args.updates
+    results = take_turns(a_trainer, t_trainer, a_rows, turns, args.updates)
     a_updates = [r for r in a_rows if r.get("step", 0) >= 1]
-    if len(a_updates) != n or results["agentrl"]["stopped"]:
-        raise RuntimeError(f"agentrl ran {len(a_updates)} of {n} updates (stopped: {results['agentrl']['stopped']})")
-    if len(turns.wall["trl"]) != n:
-        raise RuntimeError(f"TRL ran {len(turns.wall['trl'])} of {n} steps")
     episodes = args.prompts * args.group_size
     timed = a_updates[1:]
     logs = t_stats["logs"][1:]
