@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
+from agentrl.cli import main
 from agentrl.envs.math import MathEnv
 from agentrl.envs.sql import SQLEnv
-from agentrl.verify.probe import add_cli, run_verifier_probe
+from agentrl.verify.probe import run_verifier_probe
 
 
 @pytest.mark.parametrize("env_id, seeds", [("agentrl/Math-v0", (0, 1, 2, 3)), ("agentrl/SQL-v0", (0, 1, 2, 3)),
@@ -102,9 +101,6 @@ def test_an_echo_of_what_the_policy_submitted_is_no_leak():
 
 
 def test_cli_exit_status():
-    parser = argparse.ArgumentParser()
-    add_cli(parser.add_subparsers())
-    args = parser.parse_args(["verify-probe", "--env", "agentrl/SQL-v0", "--seeds", "2"])
-    assert args.func(args) == 0
-    args = parser.parse_args(["verify-probe", "--env", "tests.test_verify_probe:GullibleMath", "--seeds", "2"])
-    assert args.func(args) == 1
+    assert main(["verify-probe", "--env", "agentrl/SQL-v0", "--seeds", "2"]) == 0
+    assert main(["verify-probe", "--env", "tests.test_verify_probe:GullibleMath", "--seeds", "2"]) == 1
+    assert main(["verify-probe", "--env", "agentrl/Nope-v0"]) == 2

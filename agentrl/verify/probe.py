@@ -29,7 +29,6 @@ A hit means the policy could read the answer: a training bug.
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from collections.abc import Sequence
@@ -37,9 +36,9 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from agentrl.core import AgentEnv, EnvError, Tool, make, parse_tool_calls
+from agentrl.core import AgentEnv, Tool, make, parse_tool_calls
 
-__all__ = ["ProbeResult", "ProbeRow", "add_cli", "generic_attacks", "print_result", "run_verifier_probe"]
+__all__ = ["ProbeResult", "ProbeRow", "generic_attacks", "print_result", "run_verifier_probe"]
 
 _LOOKALIKE = str.maketrans({"0": "O", "1": "l", "3": "З", "5": "Ƽ", "a": "а", "e": "е", "o": "о", "c": "с", "p": "р",
                             "x": "х", "i": "і"})
@@ -309,23 +308,3 @@ def print_result(result: ProbeResult) -> None:
         console.print(f"[bold red]LEAK (training bug):[/] {leak}")
     console.print("[green]nothing wrongly accepted[/]" if result.ok
                   else f"[bold red]{len(result.wrongly_accepted)} wrongly accepted, {len(result.leaks)} leaks[/]")
-
-
-def _cli(args: argparse.Namespace) -> int:
-    try:
-        result = run_verifier_probe(args.env, seeds=tuple(range(args.seeds)))
-    except (EnvError, TypeError, ValueError) as e:
-        print(f"verify-probe: {e}")
-        return 2
-    print_result(result)
-    return 0 if result.ok else 1
-
-
-def add_cli(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``verify-probe``; the handler is in ``func`` and returns the exit status."""
-    p = subparsers.add_parser("verify-probe", help="run adversarial answers against an environment's verifier")
-    p.add_argument("--env", required=True, help="environment id (agentrl/Code-v0) or module:Class")
-    p.add_argument("--seeds", type=int, default=3, help="episodes (seeds 0..N-1) to attack; each seed is a different "
-                   "task")
-    p.set_defaults(func=_cli)
-    return p
