@@ -65,8 +65,8 @@ class _Strict(BaseModel):
 
 
 class EntropyBonus(_Strict):
-    enabled: bool = Field(True, description="On ENTROPY COLLAPSE (with --on-alarm intervene), switch on an entropy "
-                          "bonus if none is set.")
+    enabled: bool = Field(True, description="On ENTROPY COLLAPSE (with --health.on-alarm intervene), switch on an "
+                          "entropy bonus if none is set.")
     coef: float = Field(0.01, gt=0, description="c_H to set: 0.01 is PPO's Atari value and a common first try for LLM "
                         "policies.")
 
@@ -86,8 +86,8 @@ class AdaptiveEntropy(_Strict):
 
 
 class RaiseTemperature(_Strict):
-    enabled: bool = Field(True, description="Below the entropy floor (with --on-alarm intervene), sample rollouts "
-                          "hotter; back down once entropy recovers.")
+    enabled: bool = Field(True, description="Below the entropy floor (with --health.on-alarm intervene), sample "
+                          "rollouts hotter; back down once entropy recovers.")
     step: float = Field(0.1, gt=0, description="Temperature change per acting update; small, since the ratio's "
                         "behaviour log-probs follow it.")
     max_temperature: float = Field(1.5, gt=0, description="Cap: above ~1.5 tiny policies emit malformed tool calls "
@@ -109,13 +109,13 @@ class AdaptiveKL(_Strict):
 
 
 class DynamicSampling(_Strict):
-    enabled: bool = Field(True, description="On STALLED by zero-advantage groups (with --on-alarm intervene), switch "
-                          "the assigner's dynamic sampling to 'resample' (DAPO).")
+    enabled: bool = Field(True, description="On STALLED by zero-advantage groups (with --health.on-alarm intervene), "
+                          "switch the assigner's dynamic sampling to 'resample' (DAPO).")
 
 
 class VerifierRotation(_Strict):
-    enabled: bool = Field(True, description="On VERIFIER OVERFIT (with --on-alarm intervene), score each episode "
-                          "against more hidden tests drawn from the pool.")
+    enabled: bool = Field(True, description="On VERIFIER OVERFIT (with --health.on-alarm intervene), score each "
+                          "episode against more hidden tests drawn from the pool.")
     step: int = Field(2, ge=1, description="Extra hidden tests per episode each time it acts.")
     max_tests: int = Field(12, ge=1, description="Cap on hidden tests per episode; the env also caps at its pool size.")
 

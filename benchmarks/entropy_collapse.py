@@ -8,7 +8,7 @@
   policy while Vault's observations said "N left"; once they named the next lock, 5e-4 only drifted.)
 - **healthy** (the baseline): `agentrl train`'s defaults (temperature 1.0, lr 2e-4).
 
-Both start from the same cached warm start, run with `--on-alarm warn` (they are only watched),
+Both start from the same cached warm start, run with `--health.on-alarm warn` (they are only watched),
 and keep their folders and reports (`<out>/<name>/report.html`). Success: ENTROPY COLLAPSE is
 flagged in the first run and not in the second. The last line printed is one JSON object; its
 `ratio` is the collapse run's final entropy as a fraction of its early level, divided by the
