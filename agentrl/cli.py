@@ -467,16 +467,18 @@ def cmd_dpo(argv: Sequence[str]) -> int:
     return 0
 
 
-class PipelineFlags(Strict):
+class PipelineFlags(RunFlags):
     dpo: DPOConfig = Field(default_factory=DPOConfig, description="Stage two's options.")
     dpo_stage: bool = Field(True, description="Run stage two (preference optimisation); --no-dpo-stage goes from SFT "
                             "straight to RL.")
 
 
 def cmd_pipeline(argv: Sequence[str]) -> int:
-    cfg, flags, auto = parse_train(argv, "agentrl pipeline", "The recipe: SFT -> DPO/SimPO/IPO -> RL on one train "
-                                   "config, each stage in its own folder under --out, with the held-out pass rate "
-                                   "after every stage; --updates 0 skips RL.", extra=PipelineFlags)
+    cfg, flags, auto = _run_flags(argv, "agentrl pipeline", "The recipe: SFT -> DPO/SimPO/IPO -> RL on one train "
+                                  "config, each stage in its own folder under --out, with the held-out pass rate "
+                                  "after every stage; --updates 0 skips RL. --resume PIPELINE_DIR goes on at the "
+                                  "first stage that did not finish (RL from its newest checkpoint).",
+                                  extra=PipelineFlags)
     if auto:
         raise UsageError("--algo auto is for `agentrl train`; give the pipeline an assigner")
     if flags.print_config:
@@ -493,7 +495,11 @@ def cmd_pipeline(argv: Sequence[str]) -> int:
     from agentrl.stages.pipeline import run_pipeline
 
     out = Path(cfg.out or f"runs/pipeline-{time.strftime('%Y%m%d-%H%M%S')}")
-    result = run_pipeline(cfg.model_copy(update={"out": None}), flags.dpo if flags.dpo_stage else None, out)
+    try:
+        result = run_pipeline(cfg.model_copy(update={"out": str(out)}), flags.dpo if flags.dpo_stage else None, out,
+                              resume=flags.resume is not None, overwrite=flags.overwrite)
+    except ValueError as e:  # a resumed pipeline whose stage two options differ from the recorded ones
+        raise UsageError(str(e)) from None
     table = Table(title="held-out pass rate by stage")
     for col in ("stage", "held-out pass rate", "seconds"):
         table.add_column(col)

@@ -145,31 +145,43 @@ def test_pipeline_runs_every_stage(tmp_path):
     assert rl_summary["warm_start_pass_rate"] == table[1]["held_out_pass_rate"] == table[0]["held_out_pass_rate"]
 
 
+def scripted_groups(cfg, policy, groups, group_size, seed):
+    """Stand-in for the pipeline's collect_groups: in each group two expert episodes pass and two that
+    write "hello" fail (a micro model passes nothing, so its own groups would give no pair)."""
+    from agentrl.core import make
+    from agentrl.engines import ScriptedEngine
+    from agentrl.rollout import rollout
+
+    envs = [make(cfg.env.id, **cfg.env.kwargs) for _ in range(groups * group_size)]
+    chat = policy.chat
+    engine = ScriptedEngine(lambda row: chat.action_ids(envs[row].expert_action() if row % 2 == 0 else "hello"),
+                            chat.eos_id)
+    gids = [i // group_size for i in range(len(envs))]
+    return rollout(envs, [100 + g for g in gids], engine, chat, group_ids=gids)[0]
+
+
+def _pipeline_cfg():
+    from agentrl.config import TrainConfig
+
+    return TrainConfig(env={"kwargs": {"locks": 1}}, updates=1,
+                       tiny={"hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2,
+                             "num_key_value_heads": 1, "max_position_embeddings": 256},
+                       sft={"episodes": 64, "epochs": 1}, eval={"episodes": 8},
+                       rollout={"groups": 2, "group_size": 4, "sampling": {"max_new_tokens": 16}})  # short evaluations
+
+
+PIPELINE_CFG = _pipeline_cfg()
+
+
 def test_pipeline_dpo_stage_trains_on_pairs_and_rl_starts_from_it(tmp_path, monkeypatch):
     """The DPO stage for real: pairs from the policy's groups (here scripted, since a micro model
     passes nothing: in each group of 4, two expert episodes pass and two that write "hello" fail, so
     2 x 2 = 4 pairs a group, 16 in all), DPO on them, its checkpoint, and RL started from it."""
-    from agentrl.config import TrainConfig
-    from agentrl.core import make
-    from agentrl.engines import ScriptedEngine
     from agentrl.policy import Policy
-    from agentrl.rollout import rollout
     from agentrl.stages import pipeline
 
-    def scripted_groups(cfg, policy, groups, group_size, seed):
-        envs = [make(cfg.env.id, **cfg.env.kwargs) for _ in range(groups * group_size)]
-        chat = policy.chat
-        engine = ScriptedEngine(lambda row: chat.action_ids(envs[row].expert_action() if row % 2 == 0 else "hello"),
-                                chat.eos_id)
-        gids = [i // group_size for i in range(len(envs))]
-        return rollout(envs, [100 + g for g in gids], engine, chat, group_ids=gids)[0]
-
     monkeypatch.setattr(pipeline, "collect_groups", scripted_groups)
-    cfg = TrainConfig(env={"kwargs": {"locks": 1}}, updates=1,
-                      tiny={"hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2,
-                            "num_key_value_heads": 1, "max_position_embeddings": 256},
-                      sft={"episodes": 64, "epochs": 1}, eval={"episodes": 8},
-                      rollout={"groups": 2, "group_size": 4, "sampling": {"max_new_tokens": 16}})  # short evaluations
+    cfg = PIPELINE_CFG
     out = tmp_path / "p"
     result = pipeline.run_pipeline(cfg, DPOConfig(groups=4, group_size=4, epochs=3, lr=5e-3, batch_pairs=8), out,
                                    say=lambda s: None)
@@ -198,3 +210,37 @@ def test_pipeline_dpo_stage_trains_on_pairs_and_rl_starts_from_it(tmp_path, monk
     assert any(not torch.equal(a, b) for a, b in zip(sft.model.parameters(), dpo.model.parameters()))
     # RL went on from the DPO checkpoint, not from the SFT one
     assert (out / "rl" / "config.yaml").read_text().count(str(out / "dpo")) == 1
+
+
+def test_a_killed_pipeline_resumes_at_the_stage_that_did_not_finish(tmp_path, monkeypatch):
+    """Killed in RL: --resume runs neither SFT nor DPO again, and RL once; stage two's options are kept."""
+    from agentrl import trainer
+    from agentrl.stages import pipeline
+
+    monkeypatch.setattr(pipeline, "collect_groups", scripted_groups)
+    dcfg = DPOConfig(groups=4, group_size=4, epochs=1, batch_pairs=8)
+    out = tmp_path / "p"
+    real_train = trainer.Trainer.train
+
+    def killed(self, warm=None):
+        raise KeyboardInterrupt  # as if the machine went away during RL, before any checkpoint
+
+    monkeypatch.setattr(trainer.Trainer, "train", killed)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run_pipeline(PIPELINE_CFG, dcfg, out, say=lambda s: None)
+    before = json.loads((out / "pipeline.json").read_text())
+    assert [s["stage"] for s in before["stages"]] == ["sft", "dpo"]
+
+    def must_not_run(*a, **k):
+        raise AssertionError("a finished stage ran again")
+
+    monkeypatch.setattr(trainer.Trainer, "train", real_train)
+    monkeypatch.setattr(pipeline, "warm_start", must_not_run)
+    monkeypatch.setattr(pipeline, "train_preferences", must_not_run)
+    with pytest.raises(ValueError, match="stage two's options differ"):
+        pipeline.run_pipeline(PIPELINE_CFG, dcfg.model_copy(update={"epochs": 2}), out, say=lambda s: None, resume=True)
+    result = pipeline.run_pipeline(PIPELINE_CFG, dcfg, out, say=lambda s: None, resume=True)
+    assert [s["stage"] for s in result["stages"]] == ["sft", "dpo", "rl (grpo)"]
+    assert result["stages"][:2] == before["stages"]  # the recorded stages are kept as they were
+    rl = json.loads((out / "rl" / "summary.json").read_text())
+    assert rl["updates_done"] == 1 and rl["warm_start_pass_rate"] == before["stages"][1]["held_out_pass_rate"]

@@ -46,9 +46,14 @@ def collect_groups(cfg: TrainConfig, policy: Policy, groups: int, group_size: in
 
 
 def run_pipeline(cfg: TrainConfig, dpo: DPOConfig | None, out: str | Path,
-                 say: Callable[[str], None] | None = None) -> dict[str, Any]:
+                 say: Callable[[str], None] | None = None, resume: bool = False,
+                 overwrite: bool = False) -> dict[str, Any]:
     """SFT, then preference optimisation (skipped when `dpo` is None), then RL (skipped when
-    cfg.updates == 0). Returns the per-stage table."""
+    cfg.updates == 0). Returns the per-stage table.
+
+    The stages resume at their own boundaries: with `resume`, a stage that `pipeline.json` records as
+    finished (its model saved in its folder) is not run again, and RL goes on from its newest checkpoint.
+    A stage killed midway runs again from its start (SFT's warm start is cached once it finishes)."""
     say = say or agentrl_log.say(__name__)
     from agentrl.trainer import Trainer, evaluate
 
@@ -56,25 +61,61 @@ def run_pipeline(cfg: TrainConfig, dpo: DPOConfig | None, out: str | Path,
         raise ValueError("the pipeline builds its own SFT policy; run `agentrl dpo` / `agentrl train --model` to start "
                          "from a model")
     out = Path(out)
+    if overwrite and out.is_dir():
+        for name in ("sft", "dpo", "rl"):
+            shutil.rmtree(out / name, ignore_errors=True)
+        for name in ("pipeline.json", "dpo_metrics.jsonl", "config.yaml"):
+            (out / name).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
-    stages: list[dict[str, Any]] = []
+    record_path = out / "pipeline.json"
+    done: dict[str, Any] = json.loads(record_path.read_text()) if resume and record_path.is_file() else {}
+    stage_two = dpo.model_dump() if dpo is not None else None
+    if resume and done and done.get("dpo") != stage_two:
+        raise ValueError(f"--resume {out}: stage two's options differ from the ones this pipeline ran with "
+                         f"({done.get('dpo')}); a resumed pipeline keeps them")
+    if not resume:
+        (out / "config.yaml").write_text(cfg.to_yaml())  # --resume reads it back, as for a train run
+    stages: list[dict[str, Any]] = list(done.get("stages", []))
+    finished = {s["stage"] for s in stages}
     max_ctx = cfg.tiny.max_position_embeddings
+
+    def save_record() -> None:
+        tmp = record_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"dpo": stage_two, "stages": stages}, indent=2))
+        tmp.replace(record_path)  # a kill leaves the old record or the new, never half of one
 
     def record(stage: str, policy: Policy, seconds: float, extra: dict[str, Any] | None = None) -> Any:
         res = evaluate(cfg, policy, None, max_ctx)
-        stages.append({"stage": stage, "held_out_pass_rate": res.pass_rate, "seconds": round(seconds, 1),
+        stages.append({"stage": stage, "held_out_pass_rate": res.pass_rate, "reward_mean": res.reward_mean,
+                       "turns_mean": res.turns_mean, "episodes": res.episodes, "seconds": round(seconds, 1),
                        **(extra or {})})
         say(f"[{stage}] held-out pass rate {res.pass_rate:.3f} ({seconds:.0f}s)")
-        (out / "pipeline.json").write_text(json.dumps({"stages": stages}, indent=2))
+        save_record()
         return res
 
-    t0 = time.perf_counter()
-    folder = warm_start(cfg.env.id, cfg.env.kwargs, cfg.tiny, cfg.sft, cfg.seed, say=say)
-    shutil.copytree(folder, out / "sft", dirs_exist_ok=True)
-    policy = Policy.load(out / "sft")
-    last = record("sft", policy, time.perf_counter() - t0)
+    def recorded(stage: str) -> Any:
+        from agentrl.trainer import EvalResult
+
+        row = next(s for s in stages if s["stage"] == stage)
+        say(f"[{stage}] finished before (held-out pass rate {row['held_out_pass_rate']:.3f}): not run again")
+        return EvalResult(row["held_out_pass_rate"], row.get("reward_mean", float("nan")),
+                          row.get("turns_mean", float("nan")), row.get("episodes", cfg.eval.episodes))
+
+    if "sft" in finished and (out / "sft" / "config.json").is_file():
+        policy, last = Policy.load(out / "sft"), recorded("sft")
+    else:
+        t0 = time.perf_counter()
+        folder = warm_start(cfg.env.id, cfg.env.kwargs, cfg.tiny, cfg.sft, cfg.seed, say=say)
+        shutil.copytree(folder, out / "sft", dirs_exist_ok=True)
+        policy = Policy.load(out / "sft")
+        last = record("sft", policy, time.perf_counter() - t0)
     current = out / "sft"
 
+    if dpo is not None and dpo.loss in finished and (out / "dpo" / "config.json").is_file():
+        policy, last, current = Policy.load(out / "dpo"), recorded(dpo.loss), out / "dpo"
+        dpo = None
+    elif dpo is not None and f"{dpo.loss} (skipped: no pairs)" in finished:
+        dpo = None
     if dpo is not None:
         t0 = time.perf_counter()
         episodes = collect_groups(cfg, policy, dpo.groups, dpo.group_size, cfg.seed)
@@ -84,6 +125,7 @@ def run_pipeline(cfg: TrainConfig, dpo: DPOConfig | None, out: str | Path,
         if not pairs:  # nothing to prefer: say so in the table and go on with the SFT policy
             stages.append({"stage": f"{dpo.loss} (skipped: no pairs)", "held_out_pass_rate": last.pass_rate,
                            "seconds": round(time.perf_counter() - t0, 1), "pairs": 0})
+            save_record()
             dpo = None
     if dpo is not None:
         reference = copy.deepcopy(policy.model).eval().requires_grad_(False) if dpo.loss != "simpo" else None
@@ -98,11 +140,14 @@ def run_pipeline(cfg: TrainConfig, dpo: DPOConfig | None, out: str | Path,
         last = record(dpo.loss, policy, time.perf_counter() - t0, {"pairs": len(pairs)})
         current = out / "dpo"
 
-    if cfg.updates > 0:
+    if cfg.updates > 0 and f"rl ({cfg.algo})" in finished:
+        say(f"[rl ({cfg.algo})] finished before: not run again")
+    elif cfg.updates > 0:
         t0 = time.perf_counter()
         rl_cfg = TrainConfig(**{**cfg.model_dump(), "model": str(current), "out": str(out / "rl")})
-        summary = Trainer(rl_cfg).train(warm=last)
+        rl_resume = resume and (out / "rl" / "checkpoints").is_dir()
+        summary = Trainer(rl_cfg, resume=rl_resume, overwrite=not rl_resume).train(warm=last)
         stages.append({"stage": f"rl ({cfg.algo})", "held_out_pass_rate": summary["final_pass_rate"],
                        "seconds": round(time.perf_counter() - t0, 1)})
-        (out / "pipeline.json").write_text(json.dumps({"stages": stages}, indent=2))
+        save_record()
     return {"stages": stages, "out": str(out)}
