@@ -244,3 +244,37 @@ def test_a_killed_pipeline_resumes_at_the_stage_that_did_not_finish(tmp_path, mo
     assert result["stages"][:2] == before["stages"]  # the recorded stages are kept as they were
     rl = json.loads((out / "rl" / "summary.json").read_text())
     assert rl["updates_done"] == 1 and rl["warm_start_pass_rate"] == before["stages"][1]["held_out_pass_rate"]
+
+
+def test_sft_killed_midway_resumes_after_its_last_epoch_to_the_same_weights(tmp_path, vault_policy_dir):
+    from agentrl.core import make
+    from agentrl.policy import Policy
+    from agentrl.stages.sft import collect_demos, sft
+
+    def fresh():
+        return Policy.load(vault_policy_dir)
+
+    demos = collect_demos(lambda: make("agentrl/Vault-v0", locks=1), fresh().chat, list(range(24)), 0.3)
+    kw = dict(epochs=3, lr=3e-3, batch_size=8, seed=5)
+    alone = fresh()
+    sft(alone.model, demos, alone.chat.pad_id, **kw)
+
+    class Killed(Exception):
+        pass
+
+    def kill_in_epoch_2(m):
+        if m["sft/epoch"] == 2:
+            raise Killed
+
+    state = tmp_path / "sft.pt"
+    first = fresh()
+    with pytest.raises(Killed):
+        sft(first.model, demos, first.chat.pad_id, log=kill_in_epoch_2, resume_file=state, **kw)
+    assert state.is_file()  # epochs 0 and 1 finished: the state after epoch 1 is there
+    again = fresh()  # a new process: the weights come from the file, not from `first`
+    steps = []
+    sft(again.model, demos, again.chat.pad_id, resume_file=state, log=lambda m: steps.append(m["sft/step"]), **kw)
+    assert steps == [7, 8, 9]  # only epoch 2 ran again (24 demonstrations / 8 = 3 steps an epoch)
+    for (name, a), b in zip(alone.model.state_dict().items(), again.model.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert not state.exists()  # done: nothing left to resume

@@ -53,7 +53,8 @@ def run_pipeline(cfg: TrainConfig, dpo: DPOConfig | None, out: str | Path,
 
     The stages resume at their own boundaries: with `resume`, a stage that `pipeline.json` records as
     finished (its model saved in its folder) is not run again, and RL goes on from its newest checkpoint.
-    A stage killed midway runs again from its start (SFT's warm start is cached once it finishes)."""
+    A killed SFT goes on after its last finished epoch (the warm start keeps its state beside the cache);
+    a killed DPO stage runs again from its start."""
     say = say or agentrl_log.say(__name__)
     from agentrl.trainer import Trainer, evaluate
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import random
@@ -34,6 +35,8 @@ from agentrl.policy import (
 )
 from agentrl.rollout import rollout
 from agentrl.store import make_batch
+
+LOG = logging.getLogger(__name__)
 
 
 class NoExpertError(ValueError):
@@ -126,8 +129,14 @@ def sft(
     batch_size: int,
     seed: int = 0,
     log: Callable[[dict[str, Any]], None] | None = None,
+    resume_file: str | Path | None = None,
 ) -> dict[str, float]:
-    """Cross-entropy on action tokens (observation and prompt tokens masked), AdamW, linear decay."""
+    """Cross-entropy on action tokens (observation and prompt tokens masked), AdamW, linear decay.
+
+    With `resume_file`, the state after every epoch (weights, optimizer, schedule, the shuffle's RNG)
+    is written there atomically, and a run that finds one goes on after its epoch: a killed SFT loses
+    at most the epoch under way and ends with the weights of one left alone (CPU). The file is removed
+    when SFT ends."""
     if not demos:
         raise ValueError("sft: no demonstrations")
     model.train()
@@ -139,7 +148,18 @@ def sft(
     order = list(range(len(demos)))
     step, t0, tokens = 0, time.perf_counter(), 0
     loss_ema = None
-    for epoch in range(epochs):
+    first = 0
+    resume_path = Path(resume_file) if resume_file is not None else None
+    if resume_path is not None and resume_path.is_file():
+        state = torch.load(resume_path, map_location=device, weights_only=False)  # our own file, beside the cache
+        if state["epochs"] == epochs and state["demos"] == len(demos):
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["opt"])
+            sched.load_state_dict(state["sched"])
+            rng.setstate(state["rng"])
+            order, first, step, loss_ema, tokens = state["order"], state["epoch"] + 1, state["step"], state["loss"], 0
+            LOG.info("sft: resuming after epoch %d of %d (%s)", first, epochs, resume_path)
+    for epoch in range(first, epochs):
         rng.shuffle(order)
         for i in range(0, len(order), batch_size):
             b = make_batch([demos[j] for j in order[i : i + batch_size]], pad_id).to(device)
@@ -158,6 +178,14 @@ def sft(
                 elapsed = time.perf_counter() - t0
                 log({"sft/step": step, "sft/steps": steps, "sft/epoch": epoch, "sft/loss": loss_ema,
                      "sft/elapsed_s": elapsed, "sft/eta_s": elapsed / step * (steps - step)})
+        if resume_path is not None and epoch + 1 < epochs:
+            tmp = resume_path.with_name(resume_path.name + f".tmp{os.getpid()}")
+            torch.save({"epochs": epochs, "demos": len(demos), "epoch": epoch, "step": step, "loss": loss_ema,
+                        "model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                        "rng": rng.getstate(), "order": list(order)}, tmp)
+            os.replace(tmp, resume_path)  # the old epoch's state or the new one, never half of either
+    if resume_path is not None:
+        resume_path.unlink(missing_ok=True)
     model.eval()
     secs = time.perf_counter() - t0
     return {"sft/loss": float(loss_ema or 0.0), "sft/steps": step, "sft/seconds": secs,
@@ -339,8 +367,10 @@ def warm_start(
                 + ("rarely pass" if demo_rate < 0.1 else "copy a near-perfect "
                 "expert and leave RL little to learn") + "; --sft.noise auto calibrates the slip rate to a target")
     say(f"warm start: the expert (noise {noise:g}) passes {demo_rate:.2f} of its {len(demos)} demonstrations{hint}")
+    # a warm start killed midway goes on after its last finished epoch on the next run (same key)
     metrics = sft(policy.model, demos, policy.chat.pad_id, epochs=sft_cfg.epochs, lr=sft_cfg.lr_for(pretrained=False),
-                  batch_size=sft_cfg.batch_size, seed=seed, log=log or progress_lines(say))
+                  batch_size=sft_cfg.batch_size, seed=seed, log=log or progress_lines(say),
+                  resume_file=folder.with_name(folder.name + ".sft-epoch.pt"))
     metrics["demo_pass_rate"] = demo_rate
     metrics["noise"] = noise
     metrics["parameters"] = policy.num_parameters
