@@ -143,7 +143,7 @@ def _train_parser_model(algo: str, extra: type[Strict] | None) -> type[Strict]:
 
 def _parse(model: type[Strict], argv: Sequence[str], prog: str, description: str, default: Any = None) -> Any:
     return tyro.cli(model, args=list(argv), prog=prog, description=description, default=default,
-                    config=(tyro.conf.UseAppendAction,))
+                    config=(tyro.conf.UseAppendAction, tyro.conf.HelptextFromCommentsOff))
 
 
 def parse_train(argv: Sequence[str], prog: str, description: str, extra: type[Strict] | None = None,

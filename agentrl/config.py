@@ -141,7 +141,7 @@ class RolloutConfig(Strict):
                         "2 cores.")
     group_size: int = Field(8, ge=1, description="G episodes per task: the group baseline's sample. 8 leaves few "
                             "all-equal groups at pass rates 0.2-0.8.")
-    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="How rollout actions are sampled.")
     max_context: int | None = Field(None, ge=16, description="Episodes whose next turn would not fit are truncated; "
                                     "default: the model's max positions.")
     env_workers: str = Field("thread:64", description="Where env reset/step/verify run: thread:N (default; slow tools "
@@ -217,7 +217,7 @@ class OptimConfig(Strict):
                                     "whose gradients add up to the minibatch's.")
     bf16: bool = Field(True, description="bf16 autocast on a CUDA GPU that supports it (weights and optimizer stay "
                        "fp32); ignored on CPU.")
-    lora: LoraSettings = Field(default_factory=LoraSettings)
+    lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA adapters (r 0: full fine-tuning).")
 
 
 TINY_SFT_LR = 3e-3  # from scratch: a high peak rate (linear decay) teaches the tiny policy the format in minutes
@@ -321,7 +321,7 @@ class TrainConfig(Strict):
                       "algos`); on the command line also `auto`: run the horizon probe first and train with its pick.")
     preset: Literal["dapo", "dr-grpo"] | None = Field(None, description="Fills in the named recipe's settings that you "
                                                       "did not set.")
-    env: EnvConfig = Field(default_factory=EnvConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig, description="The environment to train in.")
     model: str | None = Field(None, description="HF hub id or folder. None builds the tiny policy and warm-starts it "
                               "by SFT (cached).")
     engine: str = Field("torch", description="Generation backend, a key of agentrl.engines.ENGINES: torch (CPU/GPU) or "
@@ -334,13 +334,14 @@ class TrainConfig(Strict):
     out: str | None = Field(None, description="Run folder; default runs/<algo>-<time>.")
     credit: SerializeAsAny[CreditConfig] = Field(None, validate_default=True,  # type: ignore[assignment]
                                                  description="Options of the chosen assigner; default: its defaults.")
-    loss: LossConfig = Field(default_factory=LossConfig)
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    optim: OptimConfig = Field(default_factory=OptimConfig)
+    loss: LossConfig = Field(default_factory=LossConfig, description="The policy loss every assigner shares.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Groups, sampling and the env workers.")
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="The policy's optimizer and batching.")
     sft: SFTConfig = Field(default_factory=SFTConfig, description="The tiny policy's warm start (used when model is "
                            "None).")
-    eval: EvalConfig = Field(default_factory=EvalConfig)
-    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="The built-in policy's size "
+                                  "(used when model is None).")
     health: HealthConfig = Field(default_factory=HealthConfig, description="Alarms (entropy collapse, KL drift, "
                                  "stalls, verifier over-fit, ...) and interventions; see agentrl.health.")
     log: LogConfig = Field(default_factory=LogConfig, description="Optional loggers beside metrics.jsonl.")

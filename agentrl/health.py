@@ -121,12 +121,15 @@ class VerifierRotation(_Strict):
 
 
 class Interventions(_Strict):
-    entropy_bonus: EntropyBonus = Field(default_factory=EntropyBonus)
-    adaptive_entropy: AdaptiveEntropy = Field(default_factory=AdaptiveEntropy)
-    temperature: RaiseTemperature = Field(default_factory=RaiseTemperature)
-    adaptive_kl: AdaptiveKL = Field(default_factory=AdaptiveKL)
-    dynamic_sampling: DynamicSampling = Field(default_factory=DynamicSampling)
-    verifier_rotation: VerifierRotation = Field(default_factory=VerifierRotation)
+    entropy_bonus: EntropyBonus = Field(default_factory=EntropyBonus, description="Raise the entropy bonus.")
+    adaptive_entropy: AdaptiveEntropy = Field(default_factory=AdaptiveEntropy,
+                                              description="Steer the entropy bonus to a target.")
+    temperature: RaiseTemperature = Field(default_factory=RaiseTemperature, description="Sample hotter.")
+    adaptive_kl: AdaptiveKL = Field(default_factory=AdaptiveKL, description="Steer the KL coefficient to a target.")
+    dynamic_sampling: DynamicSampling = Field(default_factory=DynamicSampling,
+                                              description="Resample zero-advantage groups.")
+    verifier_rotation: VerifierRotation = Field(default_factory=VerifierRotation,
+                                                description="Rotate the verifier's hidden tests.")
     cooldown: int = Field(5, ge=0, description="Updates an alarm-triggered intervention waits before acting again, so "
                           "its effect can show first.")
 
@@ -195,7 +198,8 @@ class HealthConfig(_Strict):
     trunc_max: float | None = Field(None, gt=0, le=1, description="...or reached this share at all. Off by default: "
                                     "where failing means running out of turns (Vault), half the warm start's episodes "
                                     "are truncated by design.")
-    interventions: Interventions = Field(default_factory=Interventions)
+    interventions: Interventions = Field(default_factory=Interventions, description="What --health.on-alarm "
+                                         "intervene may do, each on its own switch.")
 
 
 # -- alarm states ---------------------------------------------------------------------------------
