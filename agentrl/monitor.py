@@ -244,3 +244,29 @@ class Monitor:
                 f"{summary['final_pass_rate']:.3f} in {summary['wall_s']:.0f}s; summary in "
                 f"{self.out / 'summary.json'}{stopped}"
             )
+
+
+class SilentMonitor:
+    """The monitor of a process that is not the main one in a multi-process run: the main process
+    alone writes metrics.jsonl and draws the console, so this one says and writes nothing."""
+
+    def __init__(self, out: Path | str, total: int = 0):
+        self.out, self.total, self.rows = Path(out), total, []
+
+    def say(self, text: str) -> None:
+        pass
+
+    def sft_progress(self, m: dict[str, Any]) -> None:
+        pass
+
+    def log(self, metrics: dict[str, Any]) -> None:
+        pass
+
+    def position(self) -> dict[str, Any]:
+        return {}
+
+    def rewind(self, position: dict[str, Any]) -> None:
+        pass
+
+    def close(self, summary: dict[str, Any] | None = None) -> None:
+        pass

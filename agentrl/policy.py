@@ -246,12 +246,21 @@ def token_stats(
     vocabulary is most of the memory of a long episode.
     """
     pos_ids = position_ids_from_mask(attention_mask)
-    sparse = only is not None and hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")
+    ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    inner = model.module if ddp else model
+    sparse = only is not None and hasattr(inner, "get_decoder") and hasattr(inner, "get_output_embeddings")
     if sparse:
-        last = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos_ids,
-                                   use_cache=False).last_hidden_state
+        if ddp:
+            # through DDP's own forward, which arms its gradient all-reduce for this backward (the decoder
+            # called directly would leave the gradients unsynchronised): the last layer's states come
+            # out with one position's logits, and the output layer runs at the action positions below
+            last = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos_ids,
+                         output_hidden_states=True, logits_to_keep=1, use_cache=False).hidden_states[-1]
+        else:
+            last = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos_ids,
+                                       use_cache=False).last_hidden_state
         rows, cols = only[:, 1:].nonzero(as_tuple=True)  # position cols predicts token cols + 1
-        logits = model.get_output_embeddings()(last[rows, cols]).float()  # (N, V)
+        logits = inner.get_output_embeddings()(last[rows, cols]).float()  # (N, V)
     else:
         out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos_ids,
                     output_hidden_states=hidden, use_cache=False)

@@ -54,6 +54,7 @@ def rollout(
     max_batch_rows: int | None = None,
     policy_version: int = 0,
     schedule: str = "arrival",
+    row_offset: int = 0,
 ) -> tuple[list[Episode], RolloutStats]:
     """Run one episode in each env (env i reset with seeds[i]) to its end.
 
@@ -63,6 +64,10 @@ def rollout(
     `max_context` tokens (prompt, history and `max_new_tokens`) is ended as truncated and judged by
     the verifier as it stands. An env that raises (`EnvError`) ends its episode with `error` set;
     the others go on.
+
+    `row_offset` is where these episodes start in the whole update when several processes share it
+    (agentrl.distributed): the engine keys each row's sampling stream by its place in the update,
+    so a rank's episodes are the ones a single process would have sampled for those rows.
     """
     if len(envs) != len(seeds):
         raise ValueError(f"rollout: {len(envs)} envs but {len(seeds)} seeds")
@@ -74,7 +79,7 @@ def rollout(
     pool = workers if isinstance(workers, EnvPool) else make_pool(workers or DEFAULT_WORKERS)
     try:
         return _Driver(envs, seeds, engine, chat, group_ids, max_context, max_new_tokens, pool,
-                       max_batch_rows or len(envs), policy_version, schedule).run()
+                       max_batch_rows or len(envs), policy_version, schedule, row_offset).run()
     finally:
         if pool is not workers:
             pool.close()
@@ -85,13 +90,14 @@ class _Driver:
     hand their actions to the pool, take the pool's answers as they come."""
 
     def __init__(self, envs, seeds, engine, chat, group_ids, max_context, max_new_tokens, pool, max_rows,
-                 policy_version, schedule="arrival"):
+                 policy_version, schedule="arrival", row_offset=0):
         self.envs, self.seeds, self.engine, self.chat = envs, seeds, engine, chat
         self.group_ids, self.max_context, self.max_new_tokens = group_ids, max_context, max_new_tokens
         self.pool, self.max_rows, self.policy_version = pool, max_rows, policy_version
         if schedule not in ("arrival", "lockstep"):
             raise ValueError(f"rollout: schedule must be arrival or lockstep, got {schedule!r}")
         self.lockstep = schedule == "lockstep"
+        self.offset = row_offset  # the engine knows a row by its place in the whole update: row + offset
         n = len(envs)
         self.episodes: list[Episode | None] = [None] * n
         self.ctx = [0] * n
@@ -118,16 +124,16 @@ class _Driver:
         while self.left:
             while queue and self.live < self.max_rows and queue[0] in prompts:
                 row = queue.popleft()
-                self.session.add([row], [prompts.pop(row)])
+                self.session.add([row + self.offset], [prompts.pop(row)])
                 self.live += 1
                 self.admitted += 1
                 self._make_ready(row)
             if self.ready and self._should_generate(last_generate):
                 started = time.perf_counter()
-                self.session.start(self.ready)
+                self.session.start([row + self.offset for row in self.ready])
                 self.ready = []
                 for row, gen in self.session.collect():
-                    self._act(row, gen)
+                    self._act(row - self.offset, gen)
                 self.stats.generate_calls += 1
                 last_generate = time.perf_counter() - started
                 continue
@@ -177,7 +183,7 @@ class _Driver:
         self._submit("step", row, self.chat.decode(gen.ids))
 
     def _end(self, row: int) -> None:
-        self.session.drop([row])
+        self.session.drop([row + self.offset])
         self.live -= 1
         self.left -= 1
         # with nobody left to admit, freed rows only cost compute (a forward runs every slot):
@@ -230,5 +236,5 @@ class _Driver:
         elif self.max_context is not None and self.ctx[row] + self.max_new_tokens > self.max_context:
             self._submit("truncate", row)
         else:
-            self.session.extend([obs_ids], rows=[row])
+            self.session.extend([obs_ids], rows=[row + self.offset])
             self._make_ready(row)

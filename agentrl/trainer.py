@@ -36,10 +36,11 @@ from agentrl.checkpoint import write as write_checkpoint
 from agentrl.config import SamplingConfig, TrainConfig
 from agentrl.core import Episode, make
 from agentrl.credit import Credit
+from agentrl.distributed import Ranks
 from agentrl.engines import get_engine_spec
 from agentrl.health import Action, Knobs, check, plan
 from agentrl.loss import policy_loss
-from agentrl.monitor import Monitor
+from agentrl.monitor import Monitor, SilentMonitor
 from agentrl.policy import Policy, add_lora, token_stats
 from agentrl.rollout import rollout
 from agentrl.store import TrajectoryStore, TurnBatch, make_batch, truncate_store
@@ -97,19 +98,33 @@ def eval_sampling(cfg: TrainConfig) -> SamplingConfig:
     return cfg.rollout.sampling.model_copy(update={"temperature": cfg.eval.temperature})
 
 
-def evaluate(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig | None, max_context: int) -> EvalResult:
+def evaluate(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig | None, max_context: int,
+             ranks: Ranks | None = None) -> EvalResult:
     """Pass rate on the held-out seeds (the same seeds every time, so evaluations compare), sampled
-    with `sampling` (None: `eval_sampling(cfg)`)."""
+    with `sampling` (None: `eval_sampling(cfg)`). With `ranks`, each process rolls out its block of
+    the seeds and the episodes are gathered: every rank returns the same result."""
     sampling = sampling or eval_sampling(cfg)
     n = cfg.eval.episodes
+    lo, hi = ranks.block(n) if ranks is not None else (0, n)
     kwargs = heldout_env_kwargs(cfg)
-    envs = [make(cfg.env.id, **kwargs) for _ in range(n)]
-    seeds = [cfg.eval.seed_offset + i for i in range(n)]
+    envs = [make(cfg.env.id, **kwargs) for _ in range(lo, hi)]
+    seeds = [cfg.eval.seed_offset + i for i in range(lo, hi)]
     engine = make_engine(cfg, policy, sampling, seed=cfg.seed + 12345)
-    with make_pool(cfg.rollout.env_workers, cfg.rollout.tool_timeout, cfg.rollout.tool_timeouts) as pool:
-        episodes, _ = rollout(envs, seeds, engine, policy.chat, max_context=max_context,
-                              max_new_tokens=sampling.max_new_tokens,
-                              workers=pool, max_batch_rows=cfg.rollout.max_batch_rows, schedule=cfg.rollout.schedule)
+    failed = None
+    try:
+        with make_pool(cfg.rollout.env_workers, cfg.rollout.tool_timeout, cfg.rollout.tool_timeouts) as pool:
+            episodes, _ = rollout(envs, seeds, engine, policy.chat, max_context=max_context,
+                                  max_new_tokens=sampling.max_new_tokens, workers=pool,
+                                  max_batch_rows=cfg.rollout.max_batch_rows, schedule=cfg.rollout.schedule,
+                                  row_offset=lo)
+    except Exception as e:  # the other ranks must hear of it, or they wait in the gather below
+        failed = e
+    if ranks is not None:
+        ranks.agree(failed, "held-out evaluation")
+    if failed is not None:
+        raise failed
+    if ranks is not None:
+        episodes = [e for part in ranks.gather(episodes) for e in part]
     _raise_on_errors(episodes, None)
     return EvalResult(
         pass_rate=float(np.mean([e.passed for e in episodes])),
@@ -158,28 +173,40 @@ class Trainer:
         cfg = cfg.model_copy(deep=True)  # interventions turn knobs on this copy, never on the caller's config
         self.cfg = cfg
         self.decisions = dict(decisions or {})
-        self.out = Path(cfg.out or f"runs/{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
-        if overwrite:
-            clear_run(self.out)
-        elif not resume and _holds_run(self.out):
-            raise FileExistsError(f"{self.out} holds a run already (metrics.jsonl); resume it (agentrl train --resume "
-                                  f"{self.out}), overwrite it (--overwrite), or choose another --out")
-        self.out.mkdir(parents=True, exist_ok=True)
-        if not resume or not (self.out / "config.yaml").exists():  # a resumed run keeps its own (and its header)
-            (self.out / "config.yaml").write_text(_decisions_header(self.decisions) + cfg.to_yaml())
-        self.monitor = monitor or Monitor(self.out, total=cfg.updates, tensorboard=cfg.log.tensorboard,
-                                          wandb=cfg.log.wandb,
-                                          wandb_project=cfg.log.wandb_project, config=cfg.model_dump(mode="json"))
-        self.monitor.say(f"run folder: {self.out}")
-        found = latest(self.out / CHECKPOINTS, warn=lambda m: self.monitor.say(f"[yellow]warning[/yellow]: {m}")) \
-            if resume else None
-
-        random.seed(cfg.seed)
-        np.random.seed(cfg.seed)
-        torch.manual_seed(cfg.seed)
         device = resolve_device(cfg.device)
         bf16 = cfg.optim.bf16 and device.type == "cuda" and torch.cuda.is_bf16_supported()
+        # first: under a multi-process launch this joins the process group (agentrl.distributed)
         self.accelerator = Accelerator(cpu=device.type == "cpu", mixed_precision="bf16" if bf16 else "no")
+        self.ranks = ranks = Ranks()
+        if cfg.rollout.groups < ranks.world:
+            raise ValueError(f"rollout.groups is {cfg.rollout.groups} but the run has {ranks.world} processes: each "
+                             "process rolls out whole groups, so give it at least one group per process")
+        # one folder name for every rank: the main process's clock decides it
+        self.out = Path(ranks.broadcast(cfg.out or f"runs/{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}"))
+        failed = None
+        if ranks.main:
+            try:
+                self._open_folder(resume, overwrite)
+            except Exception as e:  # said on every rank, raised here as it is
+                failed = e
+        ranks.agree(failed, f"opening the run folder {self.out}")
+        if failed is not None:
+            raise failed
+        if ranks.main:
+            self.monitor = monitor or Monitor(self.out, total=cfg.updates, tensorboard=cfg.log.tensorboard,
+                                              wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project,
+                                              config=cfg.model_dump(mode="json"))
+        else:
+            self.monitor = SilentMonitor(self.out, cfg.updates)
+        self.monitor.say(f"run folder: {self.out}" + (f" ({ranks.world} processes)" if ranks.world > 1 else ""))
+        found = None
+        if resume and ranks.main:
+            found = latest(self.out / CHECKPOINTS, warn=lambda m: self.monitor.say(f"[yellow]warning[/yellow]: {m}"))
+        found = ranks.broadcast(found)
+
+        random.seed(cfg.seed)  # the same on every rank: the ranks' generators move in step (agentrl.distributed)
+        np.random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
 
         source = cfg.model if cfg.model is not None else start
         if source is None:
@@ -203,7 +230,9 @@ class Trainer:
         self.assigner = self.spec.load()(cfg.credit, policy=self.policy, train_config=cfg)
         opt = torch.optim.AdamW(self.trainable, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
         self.model, self.optimizer = self.accelerator.prepare(self.policy.model, opt)
-        self.envs = [make(cfg.env.id, **cfg.env.kwargs) for _ in range(cfg.rollout.groups * cfg.rollout.group_size)]
+        lo, hi = ranks.block(cfg.rollout.groups)  # this rank's groups of every update
+        self.envs = [make(cfg.env.id, **cfg.env.kwargs) for _ in range((hi - lo) * cfg.rollout.group_size)]
+        self.owner: dict[int, int] = {}  # group id -> the rank that rolled it out (its rows' gradient is that rank's)
         self.engine = make_engine(cfg, self.policy, cfg.rollout.sampling, seed=cfg.seed,
                                   capture_hidden=self.spec.reads_hidden(cfg.credit))
         self.workers = make_pool(cfg.rollout.env_workers, cfg.rollout.tool_timeout, cfg.rollout.tool_timeouts)
@@ -226,11 +255,29 @@ class Trainer:
         self.checkpoint_seconds: list[float] = []  # what each checkpoint of this process cost
         if resume:
             self._resume(found)
+        ranks.barrier()  # the main process has cut a resumed run's store before any rank writes its shard
+
+    def _open_folder(self, resume: bool, overwrite: bool) -> None:
+        """(The main process) make the run folder and write config.yaml, refusing a folder with another run."""
+        if overwrite:
+            clear_run(self.out)
+        elif not resume and _holds_run(self.out):
+            raise FileExistsError(f"{self.out} holds a run already (metrics.jsonl); resume it (agentrl train --resume "
+                                  f"{self.out}), overwrite it (--overwrite), or choose another --out")
+        self.out.mkdir(parents=True, exist_ok=True)
+        if not resume or not (self.out / "config.yaml").exists():  # a resumed run keeps its own (and its header)
+            (self.out / "config.yaml").write_text(_decisions_header(self.decisions) + self.cfg.to_yaml())
 
     # -- checkpoints: everything the next update depends on ----------------------------------------
 
     def checkpoint(self) -> Path:
-        """Save the run as it stands after update `self.done` (agentrl.checkpoint; atomic, checksummed)."""
+        """Save the run as it stands after update `self.done` (agentrl.checkpoint; atomic, checksummed). The main
+        process writes it (the ranks' states are the same: agentrl.distributed), the others wait until it has."""
+        path = self._write_checkpoint() if self.ranks.main else self.out / CHECKPOINTS
+        self.ranks.barrier()
+        return path
+
+    def _write_checkpoint(self) -> Path:
         model = self.accelerator.unwrap_model(self.model)
         if self.cfg.optim.lora.r:  # the adapters only: the base is rebuilt from its source as it was loaded
             weights = {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad}
@@ -250,7 +297,7 @@ class Trainer:
             "warm": None if self.warm is None else asdict(self.warm),
             "last_eval": None if self.last_eval is None else asdict(self.last_eval),
             "stopped": self.stopped, "decisions": self.decisions, "monitor": self.monitor.position(),
-            "engine_state": engine is not None,
+            "engine_state": engine is not None, "processes": self.ranks.world,
         }
         files = {"model.pt": weights, "optimizer.pt": self.optimizer.state_dict(),
                  "assigner.pt": self.assigner.state_dict(),
@@ -264,7 +311,8 @@ class Trainer:
             self.monitor.say(f"[yellow]warning[/yellow]: {self.out} has no checkpoint that verifies; the run starts "
                              "from the beginning")
             self.monitor.rewind({"bytes": 0, "alarms_on": []})
-            truncate_store(self.out / "store", 0)
+            if self.ranks.main:
+                truncate_store(self.out / "store", 0)
             return
         folder, _ = found
         state = read_checkpoint(folder, "state.json")
@@ -297,9 +345,13 @@ class Trainer:
         self.last_eval = None if state["last_eval"] is None else EvalResult(**state["last_eval"])
         self.stopped, self.decisions = state["stopped"], state["decisions"]
         self.monitor.rewind(state["monitor"])
-        truncate_store(self.out / "store", self.done)
+        if self.ranks.main:
+            truncate_store(self.out / "store", self.done)
         self.resumed_from = folder
-        self.monitor.say(f"resumed from {folder} (update {self.done} of {self.cfg.updates})")
+        saved_with = int(state.get("processes", 1))
+        with_ = "" if saved_with == self.ranks.world else f"; saved by {saved_with} process(es), resumed by " \
+            f"{self.ranks.world}: the task stream and the sampling streams do not depend on the number"
+        self.monitor.say(f"resumed from {folder} (update {self.done} of {self.cfg.updates}){with_}")
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         if self._signal is not None:  # a second Ctrl-C: stop now, without the checkpoint
@@ -307,6 +359,11 @@ class Trainer:
         self._signal = signum
         self.monitor.say(f"[yellow]{signal.Signals(signum).name}[/yellow]: finishing this update, then saving a "
                          "checkpoint (again to stop at once)")
+
+    def _agree_on_signal(self) -> None:
+        """A signal that reached one rank stops every rank after this update (they save one checkpoint)."""
+        if self.ranks.world > 1:
+            self._signal = max(self.ranks.gather(self._signal or 0)) or None
 
     def _exit_on_signal(self) -> None:
         """After a signal: the checkpoint is saved; say how to go on and exit as the signal would (128 + its number)."""
@@ -317,6 +374,10 @@ class Trainer:
                          f"{self.out}")
         self.monitor.close()
         raise SystemExit(128 + self._signal)
+
+    def evaluate(self) -> EvalResult:
+        """The held-out evaluation, split over the ranks."""
+        return evaluate(self.cfg, self.policy, self.eval_sampling, self.max_context, self.ranks)
 
     # -- health: knobs the interventions may turn, and applying their actions ----------------------
 
@@ -366,18 +427,32 @@ class Trainer:
         all_eps: list[Episode] = []
         resample = self.spec.resampling and cfg.credit.dynamic_sampling == "resample"
         extra = cfg.credit.max_resample_batches if resample else 0
+        lo, hi = self.ranks.block(cfg.rollout.groups)
+        self.owner = {}
         for attempt in range(1 + extra):
+            # every rank draws the whole update's task seeds and rolls out its own block of the groups
             task_seeds = self.task_rng.integers(0, cfg.eval.seed_offset, size=cfg.rollout.groups).tolist()
-            seeds = [s for s in task_seeds for _ in range(G)]
-            gids = [self.next_group + i // G for i in range(len(seeds))]
+            seeds = [s for s in task_seeds[lo:hi] for _ in range(G)]
+            gids = [self.next_group + lo + i // G for i in range(len(seeds))]
+            self.owner.update({self.next_group + g: r for r in range(self.ranks.world)
+                               for g in range(*self.ranks.block(cfg.rollout.groups, r))})
             self.next_group += cfg.rollout.groups
-            episodes, _ = rollout(self.envs, seeds, self.engine, self.policy.chat, group_ids=gids,
-                                  max_context=self.max_context, max_new_tokens=cfg.rollout.sampling.max_new_tokens,
-                                  workers=self.workers, max_batch_rows=cfg.rollout.max_batch_rows,
-                                  policy_version=update,
-                                  schedule=cfg.rollout.schedule)
-            path = TrajectoryStore(episodes).save(self.out / "store" / f"update_{update:05d}_{attempt}.parquet")
-            _raise_on_errors(episodes, path)
+            failed = None
+            try:
+                episodes, _ = rollout(self.envs, seeds, self.engine, self.policy.chat, group_ids=gids,
+                                      max_context=self.max_context,
+                                      max_new_tokens=cfg.rollout.sampling.max_new_tokens, workers=self.workers,
+                                      max_batch_rows=cfg.rollout.max_batch_rows, policy_version=update,
+                                      schedule=cfg.rollout.schedule, row_offset=lo * G)
+            except Exception as e:  # the other ranks must hear of it, or they wait in the gather below
+                failed = e
+            self.ranks.agree(failed, f"update {update}: rollout")
+            if failed is not None:
+                raise failed
+            name = f"update_{update:05d}_{attempt}" + (f".rank{self.ranks.rank}" if self.ranks.world > 1 else "")
+            path = TrajectoryStore(episodes).save(self.out / "store" / f"{name}.parquet")  # this rank's shard
+            episodes = [e for part in self.ranks.gather(episodes) for e in part]  # the whole update, in group order
+            _raise_on_errors(episodes, path.parent if self.ranks.world > 1 else path)
             all_eps += episodes
             if not resample:
                 kept = episodes
@@ -391,78 +466,104 @@ class Trainer:
             kept = kept[: cfg.rollout.groups * G] or all_eps  # no signal at all: train on nothing useful, but log it
         return kept, metrics
 
-    def optimize(self, batch: TurnBatch, credit: Credit) -> dict[str, float]:
+    def optimize(self, batch: TurnBatch, credit: Credit, owner: torch.Tensor | None = None) -> dict[str, float]:
         """`ppo_epochs` passes of `minibatches` optimizer steps. Each minibatch is run as micro-batches
         of similar-length episodes (`micro_batch_tokens` padded tokens each); their losses are
         weighted by their share of the minibatch's aggregate, so the summed gradient is the
-        minibatch's, and no episode is padded to a longer one outside its micro-batch."""
-        cfg = self.cfg
+        minibatch's, and no episode is padded to a longer one outside its micro-batch.
+
+        Several processes: `owner` (B,) names the rank of each row. Every rank holds the whole batch and
+        draws the same minibatches, runs forward and backward on its own rows of each (weighted by their
+        share of the whole minibatch), and DDP averages the ranks' gradients on the last micro-batch; so
+        the step is the one-process step (the loss is scaled by the number of ranks to undo DDP's mean)."""
+        cfg, ranks = self.cfg, self.ranks
         rows = (credit.row_weight > 0).nonzero(as_tuple=True)[0]
         if len(rows) == 0 or float(credit.advantages.abs().sum()) == 0.0:
             return {"train/skipped": 1.0, "train/trained_episodes": 0.0}
         device = self.accelerator.device
         batch = batch.select(rows).with_(advantages=credit.advantages[rows])  # travels with select() and trim() below
-        stats: dict[str, float] = {}
-        steps, t0, tokens, padded = 0, time.perf_counter(), 0, 0
+        mine = torch.ones(batch.size, dtype=torch.bool) if owner is None else owner[rows] == ranks.rank
+        stats: dict[str, float] = {}  # this rank's part of each step's statistics: summed over ranks below
+        steps, t0, tokens, padded, grad_norms, nonfinite = 0, time.perf_counter(), 0, 0, 0.0, 0.0
         self.model.train()
         for _ in range(cfg.optim.ppo_epochs):
-            perm = torch.randperm(batch.size)
+            perm = ranks.broadcast(torch.randperm(batch.size))  # the same minibatches on every rank
             for chunk in torch.chunk(perm, min(cfg.optim.minibatches, batch.size)):
                 mb = batch.select(chunk)
+                own = mb.select(mine[chunk].nonzero(as_tuple=True)[0])
                 self.optimizer.zero_grad(set_to_none=True)
-                step_stats: dict[str, float] = {}
+                # a rank with no rows in this minibatch still joins DDP's all-reduce, with a zero loss
+                parts = own.micro_batches(cfg.optim.micro_batch_tokens) if own.size else [None]
                 finite = True
-                for idx in mb.micro_batches(cfg.optim.micro_batch_tokens):
-                    m = mb.select(idx).trim().to(device)
-                    share = _share(m.action_mask, mb.action_mask, cfg.loss.agg)
-                    with self.accelerator.autocast():  # bf16 on CUDA; token_stats may bypass the prepared forward
-                        ts = token_stats(self.model, m.input_ids, m.attention_mask, cfg.rollout.sampling.temperature
-                                         or 1.0, entropy=True,
-                                         only=m.action_mask)
-                    loss, s = policy_loss(ts.logp, m.behaviour_logp, m.advantages, m.action_mask, cfg.loss,
-                                          ref_logp=m.ref_logp, entropy=ts.entropy, turn_index=m.turn_index)
-                    if torch.isfinite(loss):
-                        self.accelerator.backward(loss * share)
-                    else:
-                        finite = False
+                for j, idx in enumerate(parts):
+                    last = j == len(parts) - 1  # DDP all-reduces the gradients on this backward only
+                    m = (own.select(idx) if idx is not None else mb.select([0])).trim().to(device)
+                    sync = contextlib.nullcontext() if last else self.accelerator.no_sync(self.model)
+                    with sync:
+                        with self.accelerator.autocast():  # bf16 on CUDA
+                            ts = token_stats(self.model, m.input_ids, m.attention_mask,
+                                             cfg.rollout.sampling.temperature or 1.0, entropy=True, only=m.action_mask)
+                        loss, s = policy_loss(ts.logp, m.behaviour_logp, m.advantages, m.action_mask, cfg.loss,
+                                              ref_logp=m.ref_logp, entropy=ts.entropy, turn_index=m.turn_index)
+                        if idx is None or not torch.isfinite(loss):
+                            finite = finite and idx is None
+                            self.accelerator.backward(ts.logp.sum() * 0.0)  # the all-reduce, without a gradient
+                            continue
+                        share = _share(m.action_mask, mb.action_mask, cfg.loss.agg)
+                        self.accelerator.backward(loss * (share * ranks.world))
                     for k, v in s.items():
-                        step_stats[k] = step_stats.get(k, 0.0) + share * v
+                        stats[k] = stats.get(k, 0.0) + share * v
                     tokens += int(m.attention_mask.sum())
                     padded += m.input_ids.numel()
-                gn = self.accelerator.clip_grad_norm_(self.trainable,
-                                                      cfg.optim.max_grad_norm) if finite else float("nan")
-                step_stats["grad_norm"] = float(gn)
+                finite = not ranks.sum({"nonfinite": float(not finite)})["nonfinite"]  # one rank's NaN skips all
+                gn = self.accelerator.clip_grad_norm_(self.trainable, cfg.optim.max_grad_norm) if finite \
+                    else float("nan")
+                grad_norms += float(gn)
                 # a non-finite loss or gradient skips the step (the weights stay sound) and raises the
                 # NON-FINITE alarm, which ends the run after logging it
-                if math.isfinite(step_stats["grad_norm"]):
+                if math.isfinite(float(gn)):
                     self.optimizer.step()
                 else:
-                    step_stats["nonfinite_steps"] = 1.0
+                    nonfinite += 1.0
                 self.optimizer.zero_grad(set_to_none=True)
                 steps += 1
-                for k, v in step_stats.items():
-                    stats[k] = stats.get(k, 0.0) + v
         self.model.eval()
         secs = time.perf_counter() - t0
+        stats = ranks.sum({**stats, "__tokens": float(tokens), "__padded": float(padded)})
+        tokens, padded = stats.pop("__tokens"), stats.pop("__padded")
+        secs = max(ranks.gather(secs))
         out = {f"train/{k}": v / steps for k, v in stats.items()}
+        out["train/grad_norm"] = grad_norms / steps  # the same on every rank: norms of the averaged gradients
+        if nonfinite:
+            out["train/nonfinite_steps"] = nonfinite / steps
         out["train/clip_frac"] = out.get("train/clip_low_frac", 0.0) + out.get("train/clip_high_frac", 0.0)
         out["train/trained_episodes"] = float(batch.size)
         out["train/tokens_per_s"] = tokens / secs if secs > 0 else 0.0
         out["train/padding_frac"] = 1.0 - tokens / max(padded, 1)
         return out
 
-    def reference_logp(self, batch: TurnBatch) -> torch.Tensor:
+    def reference_logp(self, batch: TurnBatch, owner: torch.Tensor | None = None) -> torch.Tensor:
         """(B, T) log-probs under the reference, once per batch, in micro-batches: the frozen copy,
-        or with LoRA the same model with its adapters switched off."""
+        or with LoRA the same model with its adapters switched off. With `owner` (several processes),
+        each rank scores its own rows and the rows are exchanged."""
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        rows = torch.arange(batch.size) if owner is None else (owner == self.ranks.rank).nonzero(as_tuple=True)[0]
+        own = batch.select(rows)
         temp = self.cfg.rollout.sampling.temperature or 1.0
         off = self.policy.model.disable_adapter() if self.reference is None else contextlib.nullcontext()
+        # the reference never trains: the unwrapped module (no DDP forward, whose all-reduce would wait for a backward)
+        model = self.reference if self.reference is not None else self.accelerator.unwrap_model(self.model)
         with torch.inference_mode(), off, self.accelerator.autocast():
-            model = self.reference if self.reference is not None else self.model
-            for idx in batch.micro_batches(self.cfg.optim.micro_batch_tokens):
-                m = batch.select(idx).trim().to(self.accelerator.device)
-                out[idx, : m.input_ids.shape[1]] = token_stats(model, m.input_ids, m.attention_mask, temp,
-                                                               only=m.action_mask).logp.float().cpu()
+            for idx in own.micro_batches(self.cfg.optim.micro_batch_tokens):
+                m = own.select(idx).trim().to(self.accelerator.device)
+                out[rows[idx], : m.input_ids.shape[1]] = token_stats(model, m.input_ids, m.attention_mask, temp,
+                                                                     only=m.action_mask).logp.float().cpu()
+        if owner is not None and self.ranks.world > 1:
+            lengths = batch.attention_mask.sum(1)
+            mine = {int(r): out[r, : int(lengths[r])].clone() for r in rows}
+            for part in self.ranks.gather(mine):
+                for r, logp in part.items():
+                    out[r, : len(logp)] = logp
         return out
 
     def check_health(self, row: dict[str, Any]) -> str | None:
@@ -524,12 +625,13 @@ class Trainer:
                          f"{cfg.algo}; {cfg.updates} updates of {cfg.rollout.groups}x{cfg.rollout.group_size} episodes "
                          f"on {cfg.env.id}")
         if self.warm is None:  # a fresh run (a resumed one has it from its checkpoint)
-            self.warm = warm or evaluate(cfg, self.policy, self.eval_sampling, self.max_context)
+            self.warm = warm or self.evaluate()
             self.last_eval = self.warm
             self.monitor.say(f"warm start: held-out pass rate {self.warm.pass_rate:.3f} over {self.warm.episodes} "
                              "episodes")
             self.history.append({"step": 0, **self.warm.metrics()})
             self.monitor.log(self.history[-1])
+            self._agree_on_signal()
             self._exit_on_signal()  # nothing to save yet: a resumed run starts over
         warm = self.warm
         every = cfg.checkpoint.every
@@ -541,8 +643,9 @@ class Trainer:
             episodes, metrics = self.collect(update)
             t_roll = time.perf_counter() - t0
             batch = make_batch(episodes, self.policy.chat.pad_id)
+            owner = torch.tensor([self.owner[e.group_id] for e in episodes]) if self.ranks.world > 1 else None
             # once per batch: the KL and the implicit PRM read it
-            batch = batch.with_(ref_logp=self.reference_logp(batch))
+            batch = batch.with_(ref_logp=self.reference_logp(batch, owner))
             fit = self.assigner.fit(batch)
             credit = self.assigner.assign(batch, fit)
             metrics.update({f"credit/{k}": v for k, v in {**fit.metrics, **credit.metrics}.items()})
@@ -550,17 +653,20 @@ class Trainer:
                 metrics["credit/all_pass_frac"] = metrics.get("credit/all_pass_groups", 0.0) / metrics["credit/groups"]
                 metrics["credit/all_fail_frac"] = metrics.get("credit/all_fail_groups", 0.0) / metrics["credit/groups"]
             metrics.update(self.knob_metrics())  # the knobs this update ran with
-            metrics.update(self.optimize(batch, credit))
+            metrics.update(self.optimize(batch, credit, owner))
             self._say_critic_only(update, metrics)
             if self.syncs_weights:  # e.g. vLLM generates from its own copy of the weights
                 self.engine.sync_weights(self.policy.model)
             metrics["time/rollout_s"] = t_roll
             metrics["time/update_s"] = time.perf_counter() - t0
             if cfg.eval.every and update % cfg.eval.every == 0 and update != cfg.updates:
-                self.last_eval = evaluate(cfg, self.policy, self.eval_sampling, self.max_context)
+                self.last_eval = self.evaluate()
                 metrics.update(self.last_eval.metrics())
             self.done = update
+            # every rank logs, checks and acts on the main process's row (its timings), so all decide alike
+            metrics = self.ranks.broadcast(metrics)
             self.stopped = self.check_health({"step": update, **metrics})
+            self._agree_on_signal()
             saved = bool((every and update % every == 0) or update == cfg.updates or self.stopped or self._signal)
             if saved:
                 t_ckpt = time.perf_counter()
@@ -571,15 +677,16 @@ class Trainer:
             self.checkpoint()
         self._exit_on_signal()
         done, stopped, last_eval = self.done, self.stopped, self.last_eval
-        final = evaluate(cfg, self.policy, self.eval_sampling, self.max_context) if done else last_eval
+        final = self.evaluate() if done else last_eval
         self.monitor.log({"step": done, **final.metrics(), "final": True})
         ckpt = self.out / "checkpoint"
         model = self.accelerator.unwrap_model(self.model)
-        if cfg.optim.lora.r:  # the adapters on their own, and the merged model as an ordinary HF folder
-            model.save_pretrained(ckpt / "adapter")
-            model = self.policy.model = model.merge_and_unload()
-        model.save_pretrained(ckpt)
-        self.policy.tokenizer.save_pretrained(ckpt)
+        if self.ranks.main:
+            if cfg.optim.lora.r:  # the adapters on their own, and the merged model as an ordinary HF folder
+                model.save_pretrained(ckpt / "adapter")
+                model = self.policy.model = model.merge_and_unload()
+            model.save_pretrained(ckpt)
+            self.policy.tokenizer.save_pretrained(ckpt)
         summary = {
             "algo": cfg.algo,
             "env": cfg.env.id,
@@ -603,9 +710,13 @@ class Trainer:
             "checkpoint": str(ckpt),
             "wall_s": time.perf_counter() - t_start,
         }
-        tmp = self.out / "summary.json.tmp"  # atomically: a kill leaves the old file or the new, never half of one
-        tmp.write_text(json.dumps(summary, indent=2))
-        tmp.replace(self.out / "summary.json")
+        if self.ranks.world > 1:
+            summary["processes"] = self.ranks.world
+        if self.ranks.main:
+            tmp = self.out / "summary.json.tmp"  # atomically: a kill leaves the old file or the new, never half
+            tmp.write_text(json.dumps(summary, indent=2))
+            tmp.replace(self.out / "summary.json")
+        self.ranks.barrier()
         if self.checkpoint_seconds:
             self.monitor.say(f"checkpoints: {len(self.checkpoint_seconds)} written, "
                              f"{sum(self.checkpoint_seconds) / len(self.checkpoint_seconds):.2f}s each")
@@ -667,7 +778,10 @@ def train(cfg: TrainConfig, monitor: Monitor | None = None, decisions: dict[str,
         from agentrl.stages.sft import warm_start
 
         say = monitor.say if monitor is not None else None
-        start = warm_start(cfg.env.id, cfg.env.kwargs, cfg.tiny, cfg.sft, cfg.seed, **({"say": say} if say else {}))
+        # several processes: the main one builds (or finds) the cached warm start, then the others find it
+        with Ranks(cpu=resolve_device(cfg.device).type == "cpu").main_first():
+            start = warm_start(cfg.env.id, cfg.env.kwargs, cfg.tiny, cfg.sft, cfg.seed,
+                               **({"say": say} if say else {}))
     return Trainer(cfg, monitor=monitor, start=start, decisions=decisions, resume=resume, overwrite=overwrite).train()
 
 
