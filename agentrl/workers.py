@@ -37,6 +37,7 @@ import asyncio
 import concurrent.futures as cf
 import itertools
 import multiprocessing as mp
+import os
 import pickle
 import re
 import threading
@@ -348,32 +349,113 @@ class ProcessPool(EnvPool):
 
 class RayPool(EnvPool):
     """Env calls in Ray actors (extra ``[ray]``); episode `slot` lives in actor ``slot % workers``.
-    Connects to a running Ray cluster if there is one (``ray.init(address="auto")`` before), else
-    starts a local one."""
+
+    Where the actors run is Ray's choice, and which Ray is the usual one: if Ray is already
+    initialised in this process (a user's own ``ray.init(...)``), that one; else ``ray.init(address)``,
+    which with ``address=None`` connects to the cluster named by the ``RAY_ADDRESS`` environment
+    variable (``auto``: the cluster this machine belongs to, an error if there is none; set for you
+    by ``ray job submit``), else to a cluster started on this machine by ``ray start --head``, else
+    starts a local Ray for this process. The actors are spread over the cluster's nodes
+    (``scheduling_strategy="SPREAD"``) and ask for no CPU of their own, as a thread pool's threads
+    do; `actor_options` (Ray's ``.options(...)``: ``num_cpus``, ``resources``, ``runtime_env``)
+    replaces that.
+
+    What the thread and process pools do, the actors do: each has a `ToolRunner` (tool timeouts, a
+    fresh thread after an abandoned call), runs one call at a time per env, sends an env once, at
+    `reset`, and a raising env's `EnvError` reaches the rollout as itself (not Ray's wrapper), so
+    it still names env, episode and turn. An actor that dies (an env that crashed its process, a
+    node lost) fails its calls with a `RuntimeError` naming it, and is replaced by a fresh one at
+    the next `reset` it is sent. `close` kills the actors; a Ray this pool started is left running
+    for the process's next pool (evaluation makes one per evaluation) and ends when the process does.
+    """
 
     kind = "ray"
+    _init_lock = threading.Lock()
 
     def __init__(self, workers: int = 2, tool_timeout: float | None = None,
-                 tool_timeouts: Mapping[str, float] | None = None):
+                 tool_timeouts: Mapping[str, float] | None = None, address: str | None = None,
+                 actor_options: Mapping[str, Any] | None = None):
         super().__init__(workers, tool_timeout, tool_timeouts)
         try:
             import ray
+            from ray import cloudpickle
         except ImportError as e:
             raise ImportError("env_workers ray:N needs the [ray] extra: pip install 'agentrl[ray]'") from e
-        self.ray = ray
-        if not ray.is_initialized():
-            ray.init(ignore_reinit_error=True, log_to_driver=False)
-        host = ray.remote(num_cpus=0, max_concurrency=THREADS_PER_PROCESS)(_RayHost)
-        self.actors = [host.remote(tool_timeout, self.tool_timeouts) for _ in range(workers)]
+        self.ray, self._dumps = ray, cloudpickle.dumps
+        with RayPool._init_lock:
+            if not ray.is_initialized():
+                try:
+                    ray.init(address=address, log_to_driver=False)
+                except ConnectionError as e:
+                    where = address if address is not None else os.environ.get("RAY_ADDRESS")
+                    raise ConnectionError(f"env_workers ray:{workers}: no Ray cluster at {where!r} "
+                                          f"(address argument, else RAY_ADDRESS): {e}") from e
+        options = {"num_cpus": 0, "scheduling_strategy": "SPREAD", "max_concurrency": THREADS_PER_PROCESS}
+        options.update(actor_options or {})
+        self._host = ray.remote(_RayHost).options(**options)
+        self._lock = threading.Lock()
+        self.actors = [self._new_actor() for _ in range(workers)]
+        self.replaced = 0  # actors that died and were replaced
+        self._finalizer = weakref.finalize(self, RayPool._kill, ray, self.actors)
+
+    def _new_actor(self) -> Any:
+        return self._host.remote(self.tool_timeout, self.tool_timeouts)
 
     def submit(self, slot: int, env: AgentEnv, method: str, *args: Any) -> cf.Future:
-        env_bytes = pickle.dumps(env) if method == "reset" else None
-        return self.actors[slot % self.workers].call.remote(slot, env_bytes, method, args).future()
+        i = slot % self.workers
+        with self._lock:
+            if not self.actors:
+                raise RuntimeError("RayPool: submit after close()")
+            actor = self.actors[i]
+            if actor is None:  # it died: a reset can start its episode on a fresh actor, a step cannot
+                if method != "reset":
+                    future: cf.Future = cf.Future()
+                    future.set_exception(RuntimeError(f"Ray env actor {i} died; slot {slot} has no env until its "
+                                                      "next reset"))
+                    return future
+                actor = self.actors[i] = self._new_actor()
+                self.replaced += 1
+        env_bytes = self._dumps(env) if method == "reset" else None
+        # cloudpickle: an env class defined in __main__ or a notebook travels by value; one from an
+        # importable module travels by name, so that module must be importable on the actor's node
+        ref_future = actor.call.remote(slot, env_bytes, method, args).future()
+        future = cf.Future()
+        ref_future.add_done_callback(lambda f: self._settle(f, future, i, actor, slot, method))
+        return future
+
+    def _settle(self, done: cf.Future, future: cf.Future, i: int, actor: Any, slot: int, method: str) -> None:
+        """Hand Ray's answer on as the thread pool would give it: the env's own exception, not
+        Ray's wrapper (whose text is a remote traceback); an actor's death as a RuntimeError."""
+        error = done.exception()
+        if error is None:
+            future.set_result(done.result())
+            return
+        if isinstance(error, self.ray.exceptions.RayActorError):
+            with self._lock:
+                if self.actors and self.actors[i] is actor:
+                    self.actors[i] = None
+            future.set_exception(RuntimeError(f"Ray env actor {i} died during {method} of slot {slot} (a crashed "
+                                              f"env process or a lost node): {error}"))
+            return
+        cause = getattr(error, "cause", None)
+        future.set_exception(cause if isinstance(cause, BaseException) else error)
+
+    @staticmethod
+    def _kill(ray: Any, actors: list[Any]) -> None:
+        if not ray.is_initialized():
+            return  # Ray is shut down (at exit): the actors went with it
+        for actor in actors:
+            if actor is not None:
+                try:
+                    ray.kill(actor, no_restart=True)
+                except Exception:  # already dead, or Ray shutting down: nothing is left to stop
+                    pass
 
     def close(self) -> None:
-        for actor in self.actors:
-            self.ray.kill(actor)
-        self.actors = []
+        with self._lock:
+            actors, self.actors = list(self.actors), []
+        self._finalizer.detach()
+        RayPool._kill(self.ray, actors)
 
 
 class _RayHost(_Host):
@@ -382,10 +464,17 @@ class _RayHost(_Host):
     def __init__(self, tool_timeout: float | None, tool_timeouts: Mapping[str, float]):
         super().__init__(tool_timeout, tool_timeouts)
         self.locks: dict[int, threading.Lock] = {}
+        self.locks_lock = threading.Lock()
 
     def call(self, slot: int, env_bytes: bytes | None, method: str, args: tuple[Any, ...]) -> Any:
-        with self.locks.setdefault(slot, threading.Lock()):
+        with self.locks_lock:
+            lock = self.locks.setdefault(slot, threading.Lock())
+        with lock:
             return super().call(slot, env_bytes, method, args)
+
+    def abandoned(self) -> int:
+        """Tool calls this actor gave up on (their threads may still run)."""
+        return self.runner.abandoned
 
 
 POOLS: dict[str, type[EnvPool]] = {"serial": SerialPool, "thread": ThreadPool, "process": ProcessPool, "ray": RayPool}

@@ -55,3 +55,13 @@ class BrokenVault(VaultEnv):
     tools = [VaultEnv.clue, open]
 
 
+class CrashingVault(VaultEnv):
+    """Vault whose `open` kills the process it runs in, as a segfaulting simulator would."""
+
+    def open(self, lock: int, code: int) -> str:
+        """Open a lock with its code."""
+        import os
+
+        os._exit(17)
+
+    tools = [VaultEnv.clue, open]

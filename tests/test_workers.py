@@ -227,10 +227,3 @@ def test_workers_spec_is_checked():
         with pytest.raises(ValueError, match="thread:N, process:N, ray:N"):
             parse_workers(bad)
 
-
-def test_ray_pool_gives_the_same_episodes(vault_policy):
-    pytest.importorskip("ray", reason="ray is not installed (the optional [ray] extra)")
-    chat = vault_policy.chat
-    serial, _ = rollout(vault_envs(6), list(range(6)), scripted(chat), chat, workers="serial")
-    pooled, _ = rollout(vault_envs(6), list(range(6)), scripted(chat), chat, workers="ray:2")
-    assert summary(pooled) == summary(serial)
