@@ -212,6 +212,70 @@ class RunFlags(Strict):
                             "metrics.jsonl.")
 
 
+class TrainFlags(RunFlags):
+    num_processes: int = Field(1, ge=1, description="Train data-parallel in this many processes: starts accelerate's "
+                               "launcher (accelerate launch --multi_gpu --num_processes N -m agentrl train ...), one "
+                               "process per GPU, or on a CPU N processes of one thread each (gloo). Each rolls out its "
+                               "share of every update's groups and trains on it; DDP averages the gradients; the main "
+                               "process writes the run folder. On a cluster, or with an FSDP/DeepSpeed config, run "
+                               "accelerate launch yourself (README, 'More than one process').")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:  # the kernel's pick; two runs on one machine must not share a rendezvous port
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch_command(n: int, module_args: Sequence[str]) -> list[str]:
+    """The accelerate launcher's command line that runs `python -m agentrl <module_args>` in `n` processes."""
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(n),
+            "--num_machines", "1", "--main_process_port", str(_free_port()), "--mixed_precision", "no",
+            "--dynamo_backend", "no", "-m", "agentrl", *module_args]
+
+
+def _without_flag(argv: Sequence[str], flag: str) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == flag:
+            skip = True
+        elif not a.startswith(flag + "="):
+            out.append(a)
+    return out
+
+
+def _launch(n: int, module_args: Sequence[str]) -> int:
+    """Run the command in n processes through accelerate's launcher and wait: Ctrl-C reaches every rank (they
+    finish the update and save a checkpoint), SIGTERM is passed on to the launcher, which passes it to the ranks."""
+    import signal
+    import subprocess
+
+    cmd = launch_command(n, module_args)
+    print(f"starting {n} processes: {' '.join(cmd[1:])}", file=sys.stderr)
+    proc = subprocess.Popen(cmd)
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: proc.send_signal(signum))
+    try:
+        while True:
+            try:
+                return proc.wait()
+            except KeyboardInterrupt:  # the ranks got it too (one process group): wait for their checkpoint
+                continue
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _single_process(command: str) -> None:
+    from agentrl.distributed import launched
+
+    if launched():
+        raise UsageError(f"agentrl {command} runs in one process; data-parallel training is agentrl train's "
+                         "(--num-processes N, or accelerate launch -m agentrl train)")
+
+
 def _first_difference(ours: Any, theirs: Any, where: str = "") -> tuple[str, Any, Any] | None:
     """The first dotted field where two config dumps differ, with both values."""
     if isinstance(ours, dict) and isinstance(theirs, dict):
@@ -264,7 +328,7 @@ def _run_flags(argv: Sequence[str], prog: str, help_text: str, extra: type[Stric
 
 
 def cmd_train(argv: Sequence[str]) -> int:
-    cfg, flags, auto = _run_flags(argv, "agentrl train", TRAIN_HELP, RunFlags)
+    cfg, flags, auto = _run_flags(argv, "agentrl train", TRAIN_HELP, TrainFlags)
     if flags.print_config:
         print(cfg.to_yaml(), end="")
         return 0
@@ -272,30 +336,52 @@ def cmd_train(argv: Sequence[str]) -> int:
     if cfg.model is None and cfg.sft.warm_start is None:
         _check_expert(cfg.env.id, cfg.env.kwargs)
     _check_device(cfg.device)
-    from agentrl.trainer import train
+    from agentrl.distributed import launched
+
+    if flags.num_processes > 1:
+        if launched():
+            raise UsageError("--num-processes: this process is already one of a multi-process launch; drop the flag")
+        if cfg.rollout.groups < flags.num_processes:
+            raise UsageError(f"--num-processes {flags.num_processes}: rollout.groups is {cfg.rollout.groups}; each "
+                             "process rolls out whole groups, so give it at least one group per process")
+        return _launch(flags.num_processes, ["train", *_without_flag(argv, "--num-processes")])
+    from agentrl.trainer import resolve_device, train
 
     decisions: dict[str, Any] = {}
-    if auto:
-        from agentrl.probe import probe_env
+    if auto and launched():  # the main process probes, and every rank trains what it picked
+        from agentrl.distributed import Ranks
 
-        print("--algo auto: probing the environment with the starting policy first", file=sys.stderr)
-        probed = probe_env(cfg)
-        rec = probed.recommendation
-        print(f"--algo auto -> {rec.algo}: {rec.reason}", file=sys.stderr)
-        # what the run decided, for config.yaml's header and summary.json: a run folder explains itself
-        decisions["algo_auto"] = {"algo": rec.algo, "rule": rec.rule, "reason": rec.reason, "advice": rec.advice,
-                                  "statistics": probed.stats.model_dump(), "thresholds": probed.thresholds.source,
-                                  "budget_episodes": probed.budget_episodes,
-                                  "family": probed.family.model_dump() if probed.family else None}
-        if probed.family is not None and not probed.family.inside:
-            print(f"--algo auto: {probed.family.meaning}", file=sys.stderr)
-        try:
-            cfg = TrainConfig(**{**cfg.model_dump(exclude={"credit"}), "algo": rec.algo})
-        except ValidationError as e:
-            raise UsageError(f"the probe chose {rec.algo}, but the config does not fit it:\n"
-                             f"{describe_errors(e)}") from None
+        ranks = Ranks(cpu=resolve_device(cfg.device).type == "cpu")
+        picked = _probe_for_auto(cfg) if ranks.main else None
+        cfg, decisions = ranks.broadcast(picked)
+    elif auto:
+        cfg, decisions = _probe_for_auto(cfg)
     train(cfg, decisions=decisions or None, resume=flags.resume is not None, overwrite=flags.overwrite)
     return 0
+
+
+def _probe_for_auto(cfg: TrainConfig) -> tuple[TrainConfig, dict[str, Any]]:
+    """--algo auto: the horizon probe's pick, and what the run records of the decision."""
+    decisions: dict[str, Any] = {}
+    from agentrl.probe import probe_env
+
+    print("--algo auto: probing the environment with the starting policy first", file=sys.stderr)
+    probed = probe_env(cfg)
+    rec = probed.recommendation
+    print(f"--algo auto -> {rec.algo}: {rec.reason}", file=sys.stderr)
+    # what the run decided, for config.yaml's header and summary.json: a run folder explains itself
+    decisions["algo_auto"] = {"algo": rec.algo, "rule": rec.rule, "reason": rec.reason, "advice": rec.advice,
+                              "statistics": probed.stats.model_dump(), "thresholds": probed.thresholds.source,
+                              "budget_episodes": probed.budget_episodes,
+                              "family": probed.family.model_dump() if probed.family else None}
+    if probed.family is not None and not probed.family.inside:
+        print(f"--algo auto: {probed.family.meaning}", file=sys.stderr)
+    try:
+        cfg = TrainConfig(**{**cfg.model_dump(exclude={"credit"}), "algo": rec.algo})
+    except ValidationError as e:
+        raise UsageError(f"the probe chose {rec.algo}, but the config does not fit it:\n"
+                         f"{describe_errors(e)}") from None
+    return cfg, decisions
 
 
 # -- sft --------------------------------------------------------------------------------------------
@@ -332,6 +418,7 @@ def cmd_sft(argv: Sequence[str]) -> int:
                  "only), from the environment's scripted expert or a JSONL file (--data); saves an HF folder and "
                  "reports the held-out pass rate. Without --model, the tiny policy is built (from the demonstrations' "
                  "own text with --data) and trained at the tiny policy's learning rate.")
+    _single_process("sft")
     _check_env(cmd.env.id, cmd.env.kwargs)
     if cmd.lora_r and cmd.model is None:
         raise UsageError("--lora-r trains adapters on an existing model: give --model")
@@ -431,6 +518,7 @@ class DPOCommand(Strict):
 def cmd_dpo(argv: Sequence[str]) -> int:
     cmd = _parse(DPOCommand, argv, "agentrl dpo", "Stage two: preference optimisation (DPO, SimPO, IPO) on multi-turn "
                  "episodes; only action tokens count, observations are masked.")
+    _single_process("dpo")
     import copy
     import json
 
@@ -479,6 +567,7 @@ def cmd_pipeline(argv: Sequence[str]) -> int:
                                   "after every stage; --updates 0 skips RL. --resume PIPELINE_DIR goes on at the "
                                   "first stage that did not finish (RL from its newest checkpoint).",
                                   extra=PipelineFlags)
+    _single_process("pipeline")
     if auto:
         raise UsageError("--algo auto is for `agentrl train`; give the pipeline an assigner")
     if flags.print_config:
