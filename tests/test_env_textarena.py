@@ -155,3 +155,18 @@ def test_global_random_is_left_as_it_was():
     env = agentrl.make("agentrl/TA-FrozenLake-v0", size=5)
     play(env, seed=4)
     assert random.random() == expected
+
+
+def test_the_horizon_sweeps_hanoi_family_builds_the_adapters_turn_budget():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from horizon_sweep import FAMILIES
+
+    fam = FAMILIES["hanoi"]
+    for disks, slack in [(2, 2), (3, 2), (4, 5)]:
+        assert fam.slack(disks) == slack
+        env = agentrl.make(fam.env_id, **fam.env_kwargs(disks, slack))
+        assert env.max_turns == fam.max_turns(disks, slack) == 2**disks - 1 + slack
+    assert FAMILIES["vault"].env_kwargs(3, 1) == {"locks": 3, "slack": 1}

@@ -461,3 +461,52 @@ def test_packaged_thresholds_are_the_default_and_a_bad_record_is_refused():
         thresholds_from_record([1, 2], "x.json")
     with pytest.raises(ValueError, match="x.json: .*horizon_cutoff"):
         thresholds_from_record({"thresholds": {"horizon_cutoff": "soon"}}, "x.json")
+
+
+# -- the probe out of sample: benchmarks/probe_vs_sweep.py's regret and the two-family calibration ---------
+
+
+def _probe_vs_sweep():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    sys.path.insert(0, str(bench))
+    spec = importlib.util.spec_from_file_location("probe_vs_sweep", bench / "probe_vs_sweep.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_regret_of_the_probe_and_of_every_fixed_choice():
+    pvs = _probe_vs_sweep()
+    s = sweep({1: {"grpo": [0.6, 0.8], "steppo": [0.5, 0.5]}, 8: {"grpo": [0.2, 0.4], "steppo": [0.6, 0.8]}})
+    reg = pvs.regrets(s, {"1": "grpo", "8": "steppo"})
+    assert set(reg) == {"probe", "grpo", "steppo"}  # only the assigners the sweep ran
+    # best means: 0.7 at locks 1 (grpo), 0.7 at locks 8 (steppo)
+    assert reg["probe"]["regret"] == pytest.approx(0.0)
+    assert reg["probe"]["per_seed"] == pytest.approx({0: 0.2, 1: -0.2})  # (0.7-0.6)+(0.7-0.6); (0.7-0.8)+(0.7-0.8)
+    assert reg["probe"]["seed_std"] == pytest.approx(math.sqrt(0.08))
+    assert reg["grpo"]["per_horizon"] == pytest.approx({"1": 0.0, "8": 0.4})
+    assert reg["grpo"]["per_seed"] == pytest.approx({0: 0.6, 1: 0.2})
+    assert reg["steppo"]["regret"] == pytest.approx(0.2)
+    assert reg["steppo"]["per_seed"] == pytest.approx({0: 0.3, 1: 0.1})
+    with pytest.raises(ValueError, match="'gigpo' has no runs"):
+        pvs.regrets(s, {"1": "gigpo", "8": "steppo"})
+
+
+def test_two_family_calibration_interleaves_horizons_and_keeps_the_smaller_budget():
+    pvs = _probe_vs_sweep()
+    vault = sweep({1: {"grpo": [0.5, 0.6], "steppo": [0.5, 0.6]},          # 3 turns: a tie
+                   8: {"grpo": [0.3, 0.4], "steppo": [0.6, 0.7]}})         # 17 turns: steppo +0.3
+    hanoi = sweep({2: {"grpo": [0.3, 0.4], "steppo": [0.8, 0.9]}})         # 5 turns: steppo +0.5
+    hanoi.update(family="hanoi", knob="disks")
+    hanoi["args"]["updates"] = 10
+    merged = pvs.merge_sweeps({"v.json": vault, "h.json": hanoi})
+    assert sorted(merged["horizons"]) == ["hanoi/2", "vault/1", "vault/8"]
+    assert merged["args"]["updates"] == 10  # 320 episodes per run, the smaller budget
+    alone, both = thresholds_from_sweep(vault), thresholds_from_sweep(merged)
+    assert alone.horizon_cutoff == (3 + 17) / 2
+    assert both.horizon_cutoff == (3 + 5) / 2  # the Hanoi horizon at 5 turns is the crossover now
+    assert both.min_budget_episodes == 10 * 4 * 8 and both.long_horizon_algo == "steppo"
