@@ -1,0 +1,108 @@
+"""Two processes of one thread against one process of two threads, on `agentrl train`'s default run.
+
+The same run (Vault-v0, the tiny policy's cached warm start, grpo, 8 groups x 8 episodes per update) is
+trained by one process with two torch threads (the baseline: what `agentrl train` does on this 2-core
+machine) and by `agentrl train --num-processes 2` (two ranks of one thread each, gloo), for each seed.
+Throughput is episodes per second of the RL loop (the updates' own wall time: rollout, credit, optimizer
+step; held-out evaluations aside, which both runs do alike); quality is the held-out pass rate after the
+same number of episodes, which must stay within the seeds' spread.
+
+    python benchmarks/data_parallel.py            # the default run, seeds 0 1 2 (about 15 minutes on 2 cores)
+    python benchmarks/data_parallel.py --quick    # 10 updates, one seed (a few minutes)
+
+The tiny policy is overhead-bound (Python per generated token, per env call), which one thread per
+process spends in parallel and two threads in one process cannot. Last line: one JSON object,
+`ratio` = the seeds' mean episodes/s with two processes over one; also benchmarks/results/data_parallel.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results" / "data_parallel.json"
+
+
+def run(out: Path, processes: int, a: argparse.Namespace, seed: int) -> dict:
+    cmd = [sys.executable, "-m", "agentrl", "train", "--out", str(out), "--seed", str(seed), "--updates",
+           str(a.updates), "--eval.episodes", str(a.eval_episodes), "--eval.every", "0"]
+    if processes > 1:
+        cmd += ["--num-processes", str(processes)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(a.threads // processes)}
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    updates = [r for r in rows if r.get("step", 0) > 0 and not r.get("final")]
+    summary = json.loads((out / "summary.json").read_text())
+    episodes = sum(r["rollout/episodes"] for r in updates)
+    loop_s = sum(r["time/update_s"] for r in updates)
+    return {"processes": processes, "threads_per_process": a.threads // processes, "seed": seed,
+            "episodes": int(episodes), "loop_s": round(loop_s, 2), "episodes_per_s": round(episodes / loop_s, 3),
+            "rollout_s": round(sum(r["time/rollout_s"] for r in updates), 2), "wall_s": round(wall, 1),
+            "warm_start_pass_rate": summary["warm_start_pass_rate"], "final_pass_rate": summary["final_pass_rate"]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="10 updates, one seed, 64 held-out episodes")
+    p.add_argument("--seeds", type=int, nargs="+", default=None)
+    p.add_argument("--updates", type=int, default=None)
+    p.add_argument("--eval-episodes", type=int, default=None)
+    p.add_argument("--threads", type=int, default=2, help="the machine's cores: the baseline's torch threads")
+    a = p.parse_args()
+    a.seeds = a.seeds or ([0] if a.quick else [0, 1, 2])
+    a.updates = a.updates or (10 if a.quick else 40)
+    a.eval_episodes = a.eval_episodes or (64 if a.quick else 128)
+    load_before = os.getloadavg()[0]
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in a.seeds:
+            # the first run of a seed builds its cached warm start (SFT): untimed, outside the updates' time
+            for processes in (1, 2):
+                r = run(Path(tmp) / f"p{processes}-s{seed}", processes, a, seed)
+                results.append(r)
+                print(f"seed {seed}  {processes} process(es) x {r['threads_per_process']} thread(s): "
+                      f"{r['episodes_per_s']:.2f} episodes/s over {r['episodes']} episodes ({r['loop_s']:.1f}s of "
+                      f"updates), held-out {r['warm_start_pass_rate']:.3f} -> {r['final_pass_rate']:.3f}",
+                      flush=True)
+
+    def of(n: int, key: str) -> list[float]:
+        return [r[key] for r in results if r["processes"] == n]
+
+    one, two = statistics.mean(of(1, "episodes_per_s")), statistics.mean(of(2, "episodes_per_s"))
+    ratio = two / one
+    final1, final2 = of(1, "final_pass_rate"), of(2, "final_pass_rate")
+    spread = (max(final1) - min(final1)) if len(final1) > 1 else None
+    print(f"episodes/s: 2 processes x 1 thread {two:.2f}, 1 process x 2 threads {one:.2f}: ratio {ratio:.2f}x")
+    print(f"held-out pass rate after {results[0]['episodes']} episodes: 1 process {final1}, 2 processes {final2}"
+          + (f" (one process's seed spread {spread:.3f})" if spread is not None else ""))
+    figures = {
+        "benchmark": "data_parallel", "quick": a.quick, "updates": a.updates, "seeds": a.seeds,
+        "episodes_per_update": results[0]["episodes"] // a.updates, "eval_episodes": a.eval_episodes,
+        "one_process_episodes_per_s": round(one, 3), "two_process_episodes_per_s": round(two, 3),
+        "final_pass_rate_one": final1, "final_pass_rate_two": final2,
+        "final_mean_one": round(statistics.mean(final1), 4), "final_mean_two": round(statistics.mean(final2), 4),
+        "seed_spread_one": spread, "runs": results,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "loadavg_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)]},
+        "command": " ".join(["python", "benchmarks/data_parallel.py", *sys.argv[1:]]),
+        "ratio": round(ratio, 3),
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(figures, indent=1) + "\n")
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
