@@ -153,3 +153,26 @@ def test_close_kills_the_actors_and_leaves_ray_running():
     pool.close()  # twice is harmless
     with make_pool("ray:1") as again:
         assert isinstance(again, RayPool) and ray.get(again.actors[0].abandoned.remote()) == 0
+
+
+CONNECT = """
+import ray
+from agentrl.core import make
+from agentrl.workers import make_pool
+with make_pool("ray:1") as pool:
+    obs, _ = pool.submit(0, make("agentrl/Vault-v0", locks=1), "reset", 0).result(60)
+    print(ray.get_runtime_context().gcs_address, obs == make("agentrl/Vault-v0", locks=1).reset(seed=0)[0])
+"""
+
+
+def test_a_second_process_joins_the_ray_named_by_RAY_ADDRESS():
+    """What a cluster run does (RAY_ADDRESS=auto, or set by `ray job submit`): this process's Ray
+    stands in for the cluster, and a fresh process with RAY_ADDRESS set to it puts its actors there."""
+    import subprocess
+    import sys
+
+    address = ray.get_runtime_context().gcs_address
+    env = {**os.environ, "RAY_ADDRESS": address, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", CONNECT], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == [address, "True"]
