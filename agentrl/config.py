@@ -96,6 +96,13 @@ class LossConfig(Strict):
                          "episode's own length.")
     ratio: Literal["token", "sequence", "turn"] = Field("token", description="Importance ratio per token (PPO), per "
                                                         "episode or per turn (GSPO: exp of the mean log-ratio).")
+    off_policy: Literal["behaviour", "decoupled"] = Field(
+        "behaviour", description="What the ratio is taken against when rollouts run ahead (rollout.max_staleness > 0): "
+        "behaviour (pi / mu, the stored behaviour log-probs, as on-policy) or decoupled (AReaL's decoupled PPO: clip "
+        "pi / pi_prox, pi_prox the weights at the start of the update at one extra forward, and weight each token by "
+        "min(pi_prox / mu, is_cap)); docs/algorithms.md, 'Off-policy episodes'.")
+    is_cap: float = Field(2.0, gt=0.0, description="C of the decoupled loss: the cap on the importance weight "
+                          "pi_prox / mu, so that a token the old policy found unlikely cannot dominate (AReaL: 2-5).")
 
 
 class TinyModelConfig(Strict):
@@ -159,6 +166,13 @@ class RolloutConfig(Strict):
                                        "episodes take the rows of those that end (continuous batching). None: the "
                                        "whole update at once, which fits the tiny policy on a CPU; on a GPU, what its "
                                        "memory holds.")
+    max_staleness: int = Field(
+        0, ge=0, description="How many policy versions behind the learner an episode may be. 0 (default): on-policy, "
+        "each update rolls out with the weights it trains. 1 or more: the rollouts of the next updates run in a "
+        "thread while this one trains (from a copy of the weights refreshed after every update), which pays where "
+        "rollouts wait on slow tools or a GPU idles while the learner steps, and costs off-policy drift "
+        "(loss.off_policy corrects it). One process only; a resumed run is not bit-exact (README, 'Rollouts that "
+        "never wait').")
     schedule: Literal["arrival", "lockstep"] = Field(
         "arrival", description="When ready rows generate: arrival (a row whose observation is back goes into the next "
         "batch without waiting for slower tools, so a slow tool costs the others at most one generation) or lockstep "

@@ -63,8 +63,13 @@ def policy_loss(
     ref_logp: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
     turn_index: torch.Tensor | None = None,
+    is_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The loss and its statistics. All tensors (B, T); `mask` is 1 on trained action tokens."""
+    """The loss and its statistics. All tensors (B, T); `mask` is 1 on trained action tokens.
+
+    Decoupled PPO (episodes from older policies): pass the proximal policy's log-probs as
+    `behaviour_logp` (the ratio is clipped against it) and the capped weights min(pi_prox / mu, C) as
+    `is_weight`, which scale each token's clipped term (no gradient flows through them)."""
     mask = mask.float()
     log_ratio = logp - behaviour_logp  # (B, T)
     if cfg.ratio != "token":
@@ -75,6 +80,8 @@ def policy_loss(
     per_token = -torch.min(ratio * advantages, clipped * advantages)  # (B, T)
     if cfg.dual_clip is not None:
         per_token = torch.where(advantages < 0, torch.min(per_token, -cfg.dual_clip * advantages), per_token)
+    if is_weight is not None:
+        per_token = per_token * is_weight.detach()
     pg = aggregate(per_token, mask, cfg.agg, cfg.max_len)
     loss = pg
     stats: dict[str, float] = {"pg_loss": pg.item()}

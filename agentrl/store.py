@@ -46,8 +46,10 @@ SCHEMA = pa.schema(
         ("error", pa.string()),
         ("prompt_ids", pa.list_(pa.int32())),
         ("turns", pa.list_(TURN_TYPE)),
+        ("policy_version", pa.int64()),  # updates applied to the weights that generated it (later than the rest)
     ]
 )
+OPTIONAL = {"policy_version"}  # columns a store written before them lacks (read as their default)
 
 
 class StoreError(ValueError):
@@ -79,6 +81,7 @@ class TurnBatch:
     turn_hidden: torch.Tensor | None = None  # (B, K, H) policy state before each action, if captured
     ref_logp: torch.Tensor | None = None  # (B, T) reference log-probs: batch.with_(ref_logp=...) by the trainer
     advantages: torch.Tensor | None = None  # (B, T) the assigner's, attached for the loss (select/trim carry them)
+    prox_logp: torch.Tensor | None = None  # (B, T) the proximal policy's (decoupled PPO on off-policy episodes)
 
     @property
     def size(self) -> int:
@@ -107,7 +110,7 @@ class TurnBatch:
         if T == self.input_ids.shape[1]:
             return self
         per_token = {"input_ids", "attention_mask", "action_mask", "behaviour_logp", "turn_index", "ref_logp",
-                     "advantages"}
+                     "advantages", "prox_logp"}
         return replace(self, **{k: getattr(self, k)[:, :T] for k in per_token if getattr(self, k) is not None})
 
     def micro_batches(self, max_tokens: int) -> list[torch.Tensor]:
@@ -240,6 +243,7 @@ class TrajectoryStore:
                     "error": ep.error,
                     "prompt_ids": ep.prompt_ids,
                     "turns": [{f.name: getattr(t, f.name) for f in fields(Turn)} for t in ep.turns],
+                    "policy_version": ep.policy_version,
                 }
             )
         return pa.Table.from_pylist(rows, schema=SCHEMA)
@@ -268,7 +272,7 @@ class TrajectoryStore:
                 table = pq.read_table(f)
             except (pa.ArrowInvalid, OSError) as e:
                 raise StoreError(f"{f} is not a readable Parquet file: {e}") from e
-            missing = set(SCHEMA.names) - set(table.column_names)
+            missing = set(SCHEMA.names) - set(table.column_names) - OPTIONAL
             if missing:
                 raise StoreError(f"{f} is not an agentrl store: missing columns {sorted(missing)}")
             for row in table.to_pylist():

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from agentrl.ahead import RolloutAhead
 from agentrl.algorithms import get_spec
 from agentrl.checkpoint import CheckpointError, clear_run, latest, rng_state, set_rng_state
 from agentrl.checkpoint import read as read_checkpoint
@@ -233,8 +234,17 @@ class Trainer:
         lo, hi = ranks.block(cfg.rollout.groups)  # this rank's groups of every update
         self.envs = [make(cfg.env.id, **cfg.env.kwargs) for _ in range((hi - lo) * cfg.rollout.group_size)]
         self.owner: dict[int, int] = {}  # group id -> the rank that rolled it out (its rows' gradient is that rank's)
-        self.engine = make_engine(cfg, self.policy, cfg.rollout.sampling, seed=cfg.seed,
+        # rollouts that run ahead generate from a copy of the weights (the actor), refreshed after every update
+        self.actor = None
+        if cfg.rollout.max_staleness:
+            if ranks.world > 1:
+                raise ValueError("rollout.max_staleness > 0 runs in one process for now: its rollout thread and the "
+                                 "ranks' exchanges would share one process group; use max_staleness 0 with several")
+            self.actor = copy.deepcopy(self.accelerator.unwrap_model(self.model)).eval().requires_grad_(False)
+        generator = self.policy if self.actor is None else Policy(self.actor, self.policy.tokenizer)
+        self.engine = make_engine(cfg, generator, cfg.rollout.sampling, seed=cfg.seed,
                                   capture_hidden=self.spec.reads_hidden(cfg.credit))
+        self.rollout_starts: dict[int, dict[str, Any]] = {}  # update -> the stream's state when its rollout began
         self.workers = make_pool(cfg.rollout.env_workers, cfg.rollout.tool_timeout, cfg.rollout.tool_timeouts)
         self.syncs_weights = get_engine_spec(cfg.engine).syncs_weights
         self.task_rng = np.random.default_rng(cfg.seed)
@@ -277,6 +287,11 @@ class Trainer:
         self.ranks.barrier()
         return path
 
+    def _stream_state(self) -> dict[str, Any]:
+        """Where the task stream and the sampler stand (what a resumed run's next rollout starts from)."""
+        return {"task_rng": copy.deepcopy(self.task_rng.bit_generator.state), "next_group": self.next_group,
+                "engine": self.engine.state_dict() if hasattr(self.engine, "state_dict") else None}
+
     def _write_checkpoint(self) -> Path:
         model = self.accelerator.unwrap_model(self.model)
         if self.cfg.optim.lora.r:  # the adapters only: the base is rebuilt from its source as it was loaded
@@ -284,10 +299,13 @@ class Trainer:
         else:
             weights = {n: t.detach().cpu() for n, t in model.state_dict().items()}
         rng_json, rng_tensors = rng_state()
-        engine = self.engine.state_dict() if hasattr(self.engine, "state_dict") else None
+        # the stream as it stood when the next update's rollout began: with rollouts running ahead, the rollout
+        # thread has drawn past it, and a resumed run rolls that update out again
+        stream = self.rollout_starts.get(self.done + 1) or self._stream_state()
+        engine = stream["engine"]
         k = self.knobs()
         state = {
-            "update": self.done, "next_group": self.next_group, "task_rng": self.task_rng.bit_generator.state,
+            "update": self.done, "next_group": stream["next_group"], "task_rng": stream["task_rng"],
             "rng": rng_json, "history": self.history, "last_acted": self.last_acted,
             # the knobs interventions may have turned (the rest of the config is the run's config.yaml)
             "knobs": {"entropy_coef": k.entropy_coef, "kl_coef": k.kl_coef, "temperature": k.temperature,
@@ -417,10 +435,15 @@ class Trainer:
 
     # -- one update, in order ---------------------------------------------------------------------
 
-    def collect(self, update: int) -> tuple[list[Episode], dict[str, float]]:
+    def collect(self, update: int, version: int | None = None) -> tuple[list[Episode], dict[str, float]]:
         """Roll out `groups` tasks x `group_size` episodes; with dynamic sampling 'resample', roll
-        out extra batches until enough groups carry signal (or the extra-batch cap is hit)."""
+        out extra batches until enough groups carry signal (or the extra-batch cap is hit). `version`:
+        the number of updates applied to the weights that generate (default: on-policy, update - 1)."""
         cfg = self.cfg
+        version = update - 1 if version is None else version
+        for old in [u for u in self.rollout_starts if u < update - cfg.rollout.max_staleness - 1]:
+            del self.rollout_starts[old]
+        self.rollout_starts[update] = self._stream_state()
         G = cfg.rollout.group_size
         kept: list[Episode] = []
         t0 = time.perf_counter()
@@ -442,7 +465,7 @@ class Trainer:
                 episodes, _ = rollout(self.envs, seeds, self.engine, self.policy.chat, group_ids=gids,
                                       max_context=self.max_context,
                                       max_new_tokens=cfg.rollout.sampling.max_new_tokens, workers=self.workers,
-                                      max_batch_rows=cfg.rollout.max_batch_rows, policy_version=update,
+                                      max_batch_rows=cfg.rollout.max_batch_rows, policy_version=version,
                                       schedule=cfg.rollout.schedule, row_offset=lo * G)
             except Exception as e:  # the other ranks must hear of it, or they wait in the gather below
                 failed = e
@@ -503,8 +526,12 @@ class Trainer:
                         with self.accelerator.autocast():  # bf16 on CUDA
                             ts = token_stats(self.model, m.input_ids, m.attention_mask,
                                              cfg.rollout.sampling.temperature or 1.0, entropy=True, only=m.action_mask)
-                        loss, s = policy_loss(ts.logp, m.behaviour_logp, m.advantages, m.action_mask, cfg.loss,
-                                              ref_logp=m.ref_logp, entropy=ts.entropy, turn_index=m.turn_index)
+                        against, weight = m.behaviour_logp, None
+                        if m.prox_logp is not None:  # decoupled PPO: clip against pi_prox, weight by pi_prox / mu
+                            against, weight = m.prox_logp, _is_weight(m, cfg.loss.is_cap)
+                        loss, s = policy_loss(ts.logp, against, m.advantages, m.action_mask, cfg.loss,
+                                              ref_logp=m.ref_logp, entropy=ts.entropy, turn_index=m.turn_index,
+                                              is_weight=weight)
                         if idx is None or not torch.isfinite(loss):
                             finite = finite and idx is None
                             self.accelerator.backward(ts.logp.sum() * 0.0)  # the all-reduce, without a gradient
@@ -543,17 +570,30 @@ class Trainer:
         return out
 
     def reference_logp(self, batch: TurnBatch, owner: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, T) log-probs under the reference, once per batch, in micro-batches: the frozen copy,
-        or with LoRA the same model with its adapters switched off. With `owner` (several processes),
-        each rank scores its own rows and the rows are exchanged."""
+        """(B, T) log-probs under the reference, once per batch: the frozen copy, or with LoRA the same
+        model with its adapters switched off. With `owner` (several processes), each rank scores its own
+        rows and the rows are exchanged."""
+        off = self.policy.model.disable_adapter() if self.reference is None else contextlib.nullcontext()
+        with off:
+            return self._score(batch, self.reference if self.reference is not None else self._learner(), owner)
+
+    def proximal_logp(self, batch: TurnBatch) -> torch.Tensor:
+        """(B, T) log-probs under the weights as they are before this update's first step: the proximal
+        policy of decoupled PPO (one extra forward per batch)."""
+        return self._score(batch, self._learner(), None)
+
+    def _learner(self) -> torch.nn.Module:
+        # scoring never trains: the unwrapped module (no DDP forward, whose all-reduce would wait for a backward)
+        return self.accelerator.unwrap_model(self.model)
+
+    def _score(self, batch: TurnBatch, model: torch.nn.Module, owner: torch.Tensor | None) -> torch.Tensor:
+        """(B, T) log-probs of the action tokens under `model`, in micro-batches; with `owner`, each rank
+        scores its own rows and the rows are exchanged."""
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
         rows = torch.arange(batch.size) if owner is None else (owner == self.ranks.rank).nonzero(as_tuple=True)[0]
         own = batch.select(rows)
         temp = self.cfg.rollout.sampling.temperature or 1.0
-        off = self.policy.model.disable_adapter() if self.reference is None else contextlib.nullcontext()
-        # the reference never trains: the unwrapped module (no DDP forward, whose all-reduce would wait for a backward)
-        model = self.reference if self.reference is not None else self.accelerator.unwrap_model(self.model)
-        with torch.inference_mode(), off, self.accelerator.autocast():
+        with torch.inference_mode(), self.accelerator.autocast():
             for idx in own.micro_batches(self.cfg.optim.micro_batch_tokens):
                 m = own.select(idx).trim().to(self.accelerator.device)
                 out[rows[idx], : m.input_ids.shape[1]] = token_stats(model, m.input_ids, m.attention_mask, temp,
@@ -634,18 +674,46 @@ class Trainer:
             self._agree_on_signal()
             self._exit_on_signal()  # nothing to save yet: a resumed run starts over
         warm = self.warm
-        every = cfg.checkpoint.every
         saved = self.resumed_from is not None
+        ahead = None
+        if self.actor is not None and self.done < cfg.updates:
+            with torch.no_grad():  # the learner's weights as they stand (a resumed run's, not the ones first loaded)
+                self.actor.load_state_dict(self.accelerator.unwrap_model(self.model).state_dict())
+            ahead = RolloutAhead(self.collect, self.actor, self.done + 1, cfg.updates, cfg.rollout.max_staleness,
+                                 version=self.done, on_new_weights=self.engine.sync_weights if self.syncs_weights
+                                 else None)
+        try:
+            saved = self._updates(ahead, saved)
+        except BaseException:
+            if ahead is not None:
+                ahead.close(wait=False)
+            raise
+        if ahead is not None:
+            ahead.close()
+        if not saved and self.done:  # the end, when the last update was not saved (a stop by an alarm is)
+            self.checkpoint()
+        self._exit_on_signal()
+        return self._finish(t_start, warm)
+
+    def _updates(self, ahead: RolloutAhead | None, saved: bool) -> bool:
+        """The updates from the next to the last (or to a stop); returns whether the last one was saved."""
+        cfg = self.cfg
+        every = cfg.checkpoint.every
         for update in range(self.done + 1, cfg.updates + 1):
             if self.stopped:
                 break
             t0 = time.perf_counter()
-            episodes, metrics = self.collect(update)
-            t_roll = time.perf_counter() - t0
+            episodes, metrics = ahead.get(update) if ahead is not None else self.collect(update)
+            t_roll = time.perf_counter() - t0  # with rollouts ahead: only the wait for one not yet done
+            metrics.update(self._staleness(update, episodes))
             batch = make_batch(episodes, self.policy.chat.pad_id)
             owner = torch.tensor([self.owner[e.group_id] for e in episodes]) if self.ranks.world > 1 else None
             # once per batch: the KL and the implicit PRM read it
             batch = batch.with_(ref_logp=self.reference_logp(batch, owner))
+            if cfg.rollout.max_staleness and cfg.loss.off_policy == "decoupled":
+                batch = batch.with_(prox_logp=self.proximal_logp(batch))
+                w = _is_weight(batch, cfg.loss.is_cap)[batch.action_mask > 0]
+                metrics.update({"train/is_weight_mean": float(w.mean()), "train/is_weight_max": float(w.max())})
             fit = self.assigner.fit(batch)
             credit = self.assigner.assign(batch, fit)
             metrics.update({f"credit/{k}": v for k, v in {**fit.metrics, **credit.metrics}.items()})
@@ -655,7 +723,10 @@ class Trainer:
             metrics.update(self.knob_metrics())  # the knobs this update ran with
             metrics.update(self.optimize(batch, credit, owner))
             self._say_critic_only(update, metrics)
-            if self.syncs_weights:  # e.g. vLLM generates from its own copy of the weights
+            if ahead is not None:  # the rollout thread refreshes its actor from this copy before its next rollout
+                model = self.accelerator.unwrap_model(self.model)
+                ahead.publish(update, {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad})
+            elif self.syncs_weights:  # e.g. vLLM generates from its own copy of the weights
                 self.engine.sync_weights(self.policy.model)
             metrics["time/rollout_s"] = t_roll
             metrics["time/update_s"] = time.perf_counter() - t0
@@ -673,9 +744,19 @@ class Trainer:
                 self.checkpoint()
                 self.checkpoint_seconds.append(time.perf_counter() - t_ckpt)
             self._exit_on_signal()
-        if not saved and self.done:  # the end, when the last update was not saved (a stop by an alarm is)
-            self.checkpoint()
-        self._exit_on_signal()
+        return saved
+
+    def _staleness(self, update: int, episodes: list[Episode]) -> dict[str, float]:
+        """How many versions behind the learner (update - 1 updates applied) the batch is; over the bound: a bug."""
+        stale = [update - 1 - e.policy_version for e in episodes]
+        if max(stale) > self.cfg.rollout.max_staleness or min(stale) < 0:
+            raise RuntimeError(f"update {update}: episodes {max(stale)} versions old (min {min(stale)}), outside "
+                               f"rollout.max_staleness {self.cfg.rollout.max_staleness}: refusing to train on them")
+        return {"train/staleness_mean": float(np.mean(stale)), "train/staleness_max": float(max(stale))}
+
+    def _finish(self, t_start: float, warm: EvalResult) -> dict[str, Any]:
+        """The final held-out evaluation, the trained model as an HF folder, summary.json."""
+        cfg = self.cfg
         done, stopped, last_eval = self.done, self.stopped, self.last_eval
         final = self.evaluate() if done else last_eval
         self.monitor.log({"step": done, **final.metrics(), "final": True})
@@ -722,6 +803,11 @@ class Trainer:
                              f"{sum(self.checkpoint_seconds) / len(self.checkpoint_seconds):.2f}s each")
         self.monitor.close(summary)
         return summary
+
+
+def _is_weight(batch: TurnBatch, cap: float) -> torch.Tensor:
+    """Decoupled PPO's per-token importance weight min(pi_prox / mu, cap), 0 off the action tokens."""
+    return torch.exp((batch.prox_logp - batch.behaviour_logp).clamp(max=20.0)).clamp(max=cap) * batch.action_mask
 
 
 def _share(part: torch.Tensor, whole: torch.Tensor, agg: str) -> float:
