@@ -20,37 +20,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from train_runs import machine, spread, train
 
 RESULTS = Path(__file__).parent / "results" / "data_parallel.json"
 
 
 def run(out: Path, processes: int, a: argparse.Namespace, seed: int) -> dict:
-    cmd = [sys.executable, "-m", "agentrl", "train", "--out", str(out), "--seed", str(seed), "--updates",
-           str(a.updates), "--eval.episodes", str(a.eval_episodes), "--eval.every", "0"]
-    if processes > 1:
-        cmd += ["--num-processes", str(processes)]
-    env = {**os.environ, "OMP_NUM_THREADS": str(a.threads // processes)}
-    t0 = time.perf_counter()
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    updates = [r for r in rows if r.get("step", 0) > 0 and not r.get("final")]
-    summary = json.loads((out / "summary.json").read_text())
-    episodes = sum(r["rollout/episodes"] for r in updates)
-    loop_s = sum(r["time/update_s"] for r in updates)
-    return {"processes": processes, "threads_per_process": a.threads // processes, "seed": seed,
-            "episodes": int(episodes), "loop_s": round(loop_s, 2), "episodes_per_s": round(episodes / loop_s, 3),
-            "rollout_s": round(sum(r["time/rollout_s"] for r in updates), 2), "wall_s": round(wall, 1),
-            "warm_start_pass_rate": summary["warm_start_pass_rate"], "final_pass_rate": summary["final_pass_rate"]}
+    extra = ["--num-processes", str(processes)] if processes > 1 else []
+    r = train(out, seed, a.updates, a.eval_episodes, extra, threads=a.threads // processes)
+    return {"processes": processes, "threads_per_process": a.threads // processes, **r}
 
 
 def main() -> None:
@@ -83,19 +66,18 @@ def main() -> None:
     one, two = statistics.mean(of(1, "episodes_per_s")), statistics.mean(of(2, "episodes_per_s"))
     ratio = two / one
     final1, final2 = of(1, "final_pass_rate"), of(2, "final_pass_rate")
-    spread = (max(final1) - min(final1)) if len(final1) > 1 else None
+    spread1 = spread(final1)
     print(f"episodes/s: 2 processes x 1 thread {two:.2f}, 1 process x 2 threads {one:.2f}: ratio {ratio:.2f}x")
     print(f"held-out pass rate after {results[0]['episodes']} episodes: 1 process {final1}, 2 processes {final2}"
-          + (f" (one process's seed spread {spread:.3f})" if spread is not None else ""))
+          + (f" (one process's seed spread {spread1:.3f})" if spread1 is not None else ""))
     figures = {
         "benchmark": "data_parallel", "quick": a.quick, "updates": a.updates, "seeds": a.seeds,
         "episodes_per_update": results[0]["episodes"] // a.updates, "eval_episodes": a.eval_episodes,
         "one_process_episodes_per_s": round(one, 3), "two_process_episodes_per_s": round(two, 3),
         "final_pass_rate_one": final1, "final_pass_rate_two": final2,
         "final_mean_one": round(statistics.mean(final1), 4), "final_mean_two": round(statistics.mean(final2), 4),
-        "seed_spread_one": spread, "runs": results,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "loadavg_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)]},
+        "seed_spread_one": spread1, "runs": results,
+        "machine": {**machine(), "loadavg_1min_before": round(load_before, 2)},
         "command": " ".join(["python", "benchmarks/data_parallel.py", *sys.argv[1:]]),
         "ratio": round(ratio, 3),
     }
