@@ -53,8 +53,8 @@ def main() -> None:
                 r = train(Path(tmp) / f"{v}-s{seed}", seed, updates, eval_episodes, VARIANTS[v], a.threads)
                 runs[v].append(r)
                 print(f"seed {seed}  {v:<16} loop {r['loop_s']:6.1f}s (waiting on rollouts "
-                      f"{r['exposed_rollout_s']:5.1f}s)  staleness {r['staleness_mean']:.2f}  held-out {r['warm_start_pass_rate']:.3f} -> "
-                      f"{r['final_pass_rate']:.3f}", flush=True)
+                      f"{r['exposed_rollout_s']:5.1f}s)  staleness {r['staleness_mean']:.2f}  held-out "
+                      f"{r['warm_start_pass_rate']:.3f} -> {r['final_pass_rate']:.3f}", flush=True)
     summary = {}
     for v, rs in runs.items():
         finals = [r["final_pass_rate"] for r in rs]
