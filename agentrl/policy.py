@@ -228,6 +228,16 @@ class TokenStats:
     hidden: torch.Tensor | None  # (B, T, H) last-layer hidden state at t (detached)
 
 
+def shards_weights(model: torch.nn.Module) -> bool:
+    """Whether `model` is wrapped by something that shards its weights across ranks (FSDP 1 or 2, DeepSpeed):
+    then only its own forward gathers them, and nothing may call its submodules directly."""
+    try:
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    except ImportError:  # a torch built without distributed
+        return False
+    return isinstance(model, (FullyShardedDataParallel, FSDPModule)) or type(model).__name__ == "DeepSpeedEngine"
+
+
 def token_stats(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -248,7 +258,8 @@ def token_stats(
     pos_ids = position_ids_from_mask(attention_mask)
     ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
     inner = model.module if ddp else model
-    sparse = only is not None and hasattr(inner, "get_decoder") and hasattr(inner, "get_output_embeddings")
+    sparse = only is not None and hasattr(inner, "get_decoder") and hasattr(inner, "get_output_embeddings") \
+        and not shards_weights(model)  # sharded: the full forward through the wrapper, which gathers the weights
     if sparse:
         if ddp:
             # through DDP's own forward, which arms its gradient all-reduce for this backward (the decoder

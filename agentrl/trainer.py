@@ -42,7 +42,7 @@ from agentrl.engines import get_engine_spec
 from agentrl.health import Action, Knobs, check, plan
 from agentrl.loss import policy_loss
 from agentrl.monitor import Monitor, SilentMonitor
-from agentrl.policy import Policy, add_lora, token_stats
+from agentrl.policy import Policy, add_lora, shards_weights, token_stats
 from agentrl.rollout import rollout
 from agentrl.store import TrajectoryStore, TurnBatch, make_batch, truncate_store
 from agentrl.workers import make_pool
@@ -283,7 +283,9 @@ class Trainer:
     def checkpoint(self) -> Path:
         """Save the run as it stands after update `self.done` (agentrl.checkpoint; atomic, checksummed). The main
         process writes it (the ranks' states are the same: agentrl.distributed), the others wait until it has."""
-        path = self._write_checkpoint() if self.ranks.main else self.out / CHECKPOINTS
+        # every rank: gathering sharded weights (FSDP, DeepSpeed) is collective; the main process writes
+        weights = self._weights()
+        path = self._write_checkpoint(weights) if self.ranks.main else self.out / CHECKPOINTS
         self.ranks.barrier()
         return path
 
@@ -292,12 +294,15 @@ class Trainer:
         return {"task_rng": copy.deepcopy(self.task_rng.bit_generator.state), "next_group": self.next_group,
                 "engine": self.engine.state_dict() if hasattr(self.engine, "state_dict") else None}
 
-    def _write_checkpoint(self) -> Path:
-        model = self.accelerator.unwrap_model(self.model)
-        if self.cfg.optim.lora.r:  # the adapters only: the base is rebuilt from its source as it was loaded
-            weights = {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad}
-        else:
-            weights = {n: t.detach().cpu() for n, t in model.state_dict().items()}
+    def _weights(self) -> dict[str, torch.Tensor]:
+        """What a checkpoint keeps of the model: the adapters with LoRA (the base is rebuilt from its source as
+        it was loaded), else every tensor (accelerate gathers them when a wrapper shards them)."""
+        if self.cfg.optim.lora.r:
+            model = self.accelerator.unwrap_model(self.model)
+            return {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad}
+        return {n: t.detach().cpu() for n, t in self.accelerator.get_state_dict(self.model).items()}
+
+    def _write_checkpoint(self, weights: dict[str, torch.Tensor]) -> Path:
         rng_json, rng_tensors = rng_state()
         # the stream as it stood when the next update's rollout began: with rollouts running ahead, the rollout
         # thread has drawn past it, and a resumed run rolls that update out again
@@ -583,8 +588,9 @@ class Trainer:
         return self._score(batch, self._learner(), None)
 
     def _learner(self) -> torch.nn.Module:
-        # scoring never trains: the unwrapped module (no DDP forward, whose all-reduce would wait for a backward)
-        return self.accelerator.unwrap_model(self.model)
+        # scoring never trains: the unwrapped module (no DDP forward, whose all-reduce would wait for a backward),
+        # unless the wrapper shards the weights (FSDP, DeepSpeed), whose own forward must gather them
+        return self.model if shards_weights(self.model) else self.accelerator.unwrap_model(self.model)
 
     def _score(self, batch: TurnBatch, model: torch.nn.Module, owner: torch.Tensor | None) -> torch.Tensor:
         """(B, T) log-probs of the action tokens under `model`, in micro-batches; with `owner`, each rank
