@@ -32,6 +32,19 @@ and nothing is pickled. A PEFT (LoRA) learner is merged for the copy (merge, loa
 does), so vLLM runs a plain model. Or, with `enable_lora=True`, the base weights stay fixed and
 `sync_lora(adapter_dir)` points later generations at a newly saved adapter.
 
+Several ranks (`accelerate launch --num_processes N ... --engine vllm`): data-parallel engines. Each
+rank builds its own in-process LLM on its own GPU (cuda:LOCAL_RANK) with vLLM's
+``distributed_executor_backend="external_launcher"``, which takes rank and device from the
+torchrun-style environment accelerate sets (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT) and
+joins the process group already there instead of starting workers of its own; with
+tensor_parallel_size 1 each rank's vLLM is a whole model that generates its rank's groups alone.
+Every rank's learner holds the same weights after an update (DDP), so each `sync_weights` is local
+(this GPU's learner into this GPU's vLLM: no weights cross GPUs). Each rank's seed is the run's plus
+its rank, so no two ranks draw the same sampling streams. One shared vLLM server instead would
+need the weights broadcast to it after every update and every rank's requests to queue on it; it
+pays off only when the policy does not fit on a GPU beside the learner (then run vLLM as its own
+server, outside this engine).
+
 Not supported: hidden states (`capture_hidden`; the turn critics of arpo, turn-ppo and steppo with
 a learned PRM read them, so use --engine torch for those), teacher forcing (the torch session's
 `forced`), and CPU: this backend is for CUDA GPUs.
@@ -55,6 +68,43 @@ MISSING_EXTRA = "--engine vllm needs the [vllm] extra: pip install 'agentrl[vllm
 NO_HIDDEN = ("the vLLM engine does not capture hidden states, which the turn critics read (arpo, turn-ppo, steppo "
              "with a learned PRM); use --engine torch for those assigners")
 MIN_VERSION = "0.10.2"  # the first vLLM whose "processed_logprobs" are taken after temperature
+
+
+def launch_ranks() -> tuple[int, int, int]:
+    """(rank, local rank, world size) from the environment a torchrun-style launcher (accelerate
+    launch) sets; (0, 0, 1) in a plain process."""
+    def read(name: str, default: int) -> int:
+        value = os.environ.get(name, "")
+        try:
+            return int(value) if value != "" else default
+        except ValueError:
+            raise ValueError(f"--engine vllm: environment variable {name}={value!r} is not an integer") from None
+
+    world = read("WORLD_SIZE", 1)
+    rank = read("RANK", 0)
+    local = read("LOCAL_RANK", rank if world > 1 else 0)
+    if world < 1 or not 0 <= rank < world or local < 0:
+        raise ValueError(f"--engine vllm: RANK={rank}, LOCAL_RANK={local}, WORLD_SIZE={world} do not describe a rank")
+    return rank, local, world
+
+
+def rank_kwargs(llm_kwargs: dict[str, Any], seed: int | None) -> tuple[dict[str, Any], int | None]:
+    """`vllm.LLM` arguments and the engine seed for this rank: unchanged in one process; under a
+    multi-process launch, the external launcher on this rank's GPU and the seed plus the rank."""
+    rank, local, world = launch_ranks()
+    if world == 1:
+        return llm_kwargs, seed
+    if llm_kwargs.get("tensor_parallel_size", 1) != 1:
+        raise ValueError("--engine vllm under several processes runs one whole vLLM per rank (data parallel): "
+                         f"tensor_parallel_size must be 1, got {llm_kwargs['tensor_parallel_size']}")
+    gpus = torch.cuda.device_count()
+    if local >= gpus:
+        raise RuntimeError(f"--engine vllm: rank {rank} has LOCAL_RANK={local} but this machine shows {gpus} CUDA "
+                           f"GPU(s) (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}): one GPU per "
+                           "process, so launch at most as many processes as GPUs")
+    torch.cuda.set_device(local)  # accelerate has done so already; vLLM's worker takes cuda:LOCAL_RANK as well
+    out = {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1, **llm_kwargs}
+    return out, None if seed is None else seed + rank
 
 
 def _import_vllm() -> SimpleNamespace:
@@ -197,8 +247,10 @@ class VLLMEngine:
             raise NotImplementedError(NO_HIDDEN)
         api = _import_vllm()
         _check_version(api.version)
-        # in-process engine core: sync_weights hands vLLM the learner's tensors directly
+        # in-process engine core: sync_weights hands vLLM the learner's tensors directly (the external
+        # launcher of a multi-process run needs it too)
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        llm_kwargs, seed = rank_kwargs(dict(llm_kwargs), seed)
         if seed is not None:
             llm_kwargs.setdefault("seed", seed)
         llm = api.LLM(model=str(model), enable_prefix_caching=True, logprobs_mode="processed_logprobs",
@@ -341,5 +393,6 @@ def for_policy(policy: Any, sampling: SamplingConfig, seed: int, capture_hidden:
                                         capture_hidden=capture_hidden)
         _LLMS[source] = engine.llm
         return engine
-    return VLLMEngine(_LLMS[source], sampling, chat.stop_ids, chat.eos_id, chat.pad_id, seed=seed,
-                      capture_hidden=capture_hidden)
+    rank, _, world = launch_ranks()  # a second engine on this rank's LLM: this rank's seed, as from_policy gives
+    return VLLMEngine(_LLMS[source], sampling, chat.stop_ids, chat.eos_id, chat.pad_id,
+                      seed=seed + rank if world > 1 else seed, capture_hidden=capture_hidden)
