@@ -45,6 +45,11 @@ def batch() -> torch.Tensor:
 
 def one_process(lora: bool) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
     """The reference: one process, the mean of the two halves' losses (what DDP's averaged gradients are)."""
+    model, reference = one_process_model(lora)
+    return {k: v.detach().float().clone() for k, v in model.state_dict().items()}, reference
+
+
+def one_process_model(lora: bool) -> tuple[torch.nn.Module, torch.Tensor | None]:
     model = tiny_model(lora)
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR)
     ids = batch()
@@ -56,7 +61,30 @@ def one_process(lora: bool) -> tuple[dict[str, torch.Tensor], torch.Tensor | Non
     if lora:
         with torch.no_grad(), model.disable_adapter():
             reference = model(input_ids=batch()).logits
-    return {k: v.detach().float().clone() for k, v in model.state_dict().items()}, reference
+    return model, reference
+
+
+class WeightsSink:
+    """Stands in for `vllm.LLM` where `VLLMEngine.sync_weights` hands it the weights."""
+
+    def __init__(self):
+        self.weights: dict[str, torch.Tensor] = {}
+
+    def collective_rpc(self, fn: Any, kwargs: dict[str, Any]) -> None:
+        self.weights = {k: v.detach().float().cpu().clone() for k, v in kwargs["weights"]}
+
+    def reset_prefix_cache(self) -> bool:
+        return True
+
+
+def synced_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What the vLLM engine's real `sync_weights` sends for `model` (its LLM a `WeightsSink`)."""
+    from agentrl.engines.vllm_engine import VLLMEngine
+
+    engine = object.__new__(VLLMEngine)  # no vLLM here: only the attributes sync_weights reads
+    engine.enable_lora, engine.llm = False, WeightsSink()
+    engine.sync_weights(model)
+    return engine.llm.weights
 
 
 def launch_env(config_file: str, num_processes: int = 2) -> dict[str, str]:
@@ -102,9 +130,16 @@ def rank_main(rank: int, world: int, env: dict[str, str], lora: bool, port: int,
     if lora:  # the reference as agentrl's trainer takes it: the same model, adapters off
         with torch.no_grad(), acc.unwrap_model(prepared).disable_adapter():
             result["reference"] = prepared(input_ids=batch().to(acc.device)).logits.float().cpu().numpy()
+    # what a vLLM engine on this rank would be sent: whole weights on every rank (a collective under ZeRO-3)
+    synced = synced_weights(acc.unwrap_model(prepared))
     state = acc.get_state_dict(prepared)  # collective: every rank takes part
     if rank == 0:
         result["state"] = {k: v.detach().float().cpu().numpy() for k, v in state.items()}
+    result["synced"] = {k: v.numpy() for k, v in synced.items()}
+    if rank == 1:  # rank 1's copy, to be compared with rank 0's
+        with open(out + ".rank1", "wb") as f:
+            pickle.dump(result["synced"], f)
+    if rank == 0:
         with open(out, "wb") as f:
             pickle.dump(result, f)
     dist.barrier()
@@ -120,6 +155,9 @@ def two_processes(config_file: str, lora: bool, out: str, env_overrides: dict[st
     with open(out, "rb") as f:
         result = pickle.load(f)
     result["state"] = {k: torch.from_numpy(v) for k, v in result["state"].items()}
+    with open(out + ".rank1", "rb") as f:
+        result["synced_rank1"] = {k: torch.from_numpy(v) for k, v in pickle.load(f).items()}
+    result["synced"] = {k: torch.from_numpy(v) for k, v in result["synced"].items()}
     if "reference" in result:
         result["reference"] = torch.from_numpy(result["reference"])
     return result

@@ -13,7 +13,7 @@ import torch
 from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
 from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 from accelerate.utils import DistributedType
-from distributed_harness import launch_env, one_process, tiny_model, two_processes
+from distributed_harness import launch_env, one_process, one_process_model, synced_weights, tiny_model, two_processes
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "accelerate"
 CONFIGS = {"ddp.yaml": DistributedType.MULTI_GPU, "fsdp.yaml": DistributedType.FSDP,
@@ -109,11 +109,17 @@ def assert_same_update(result, lora):
     if lora:
         assert all("lora_" in k for k in moved)  # the frozen base stayed as it was
         assert (result["reference"] - reference).abs().max().item() < 1e-5
+    # the vLLM engine's sync_weights on each rank sends the whole, updated (LoRA: merged) weights
+    expected = synced_weights(one_process_model(lora)[0])
+    for synced in (result["synced"], result["synced_rank1"]):
+        assert sorted(synced) == sorted(expected)
+        assert max((synced[k] - expected[k]).abs().max().item() for k in expected) < 1e-5
 
 
 @pytest.mark.parametrize("stage,lora", [(2, False), (3, True)])
 def test_deepspeed_two_processes_give_the_one_process_update(stage, lora, tmp_path, monkeypatch):
-    """DeepSpeed's CPU accelerator and gloo: the shipped JSON as it is, 2 ranks x 2 rows vs 1 x 4."""
+    """DeepSpeed's CPU accelerator and gloo: the shipped JSON as it is, 2 ranks x 2 rows vs 1 x 4; and
+    what each rank's vLLM engine would be sent after the update (ZeRO-3: gathered from the shards)."""
     pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install deepspeed; it is no extra of "
                                             "agentrl's: an sdist that builds against the installed torch)")
     monkeypatch.chdir(EXAMPLES.parent.parent)

@@ -52,10 +52,11 @@ a learned PRM read them, so use --engine torch for those), teacher forcing (the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -172,8 +173,29 @@ def plain_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
             continue
         name = re.sub(r"\.modules_to_save\.[^.]+\.", ".",
                       name.removeprefix("base_model.model.").replace(".base_layer.", "."))
-        out.append((name, t.detach()))
+        out.append((name, _whole(t)))
     return out
+
+
+@contextlib.contextmanager
+def gathered(model: torch.nn.Module) -> Iterator[None]:
+    """Whole parameters inside the block, for a learner sharded over the ranks: DeepSpeed ZeRO-3's
+    partitioned parameters are gathered (a collective: every rank must call it, as every rank syncs
+    its engine after every update); FSDP2's DTensors are made whole by `plain_weights` itself. An
+    unsharded model (one process, DDP, ZeRO-1/2) passes through."""
+    params = list(model.parameters())
+    if any(hasattr(p, "ds_id") for p in params):
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):  # read only: nothing is written back
+            yield
+        return
+    yield
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    full = getattr(t, "full_tensor", None)  # an FSDP2 DTensor shard: all-gathered (every rank calls it)
+    return (full() if callable(full) else t).detach()
 
 
 def _load_weights(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
@@ -273,13 +295,14 @@ class VLLMEngine:
             raise ValueError("this engine serves LoRA adapters on fixed base weights; push the adapter with "
                              "sync_lora(adapter_dir)")
         peft = hasattr(model, "peft_config")
-        if peft:
-            model.merge_adapter()  # base weights += the adapters' product, until unmerge_adapter()
-        try:
-            _load_into(self.llm, plain_weights(model))
-        finally:
+        with gathered(model):  # a sharded learner (ZeRO-3) made whole for the copy, merge and unmerge included
             if peft:
-                model.unmerge_adapter()
+                model.merge_adapter()  # base weights += the adapters' product, until unmerge_adapter()
+            try:
+                _load_into(self.llm, plain_weights(model))
+            finally:
+                if peft:
+                    model.unmerge_adapter()
         if self.llm.reset_prefix_cache() is False:  # vLLM refuses while requests run
             raise RuntimeError("vLLM did not reset its prefix cache; its blocks hold keys and values of the old "
                                "weights")
