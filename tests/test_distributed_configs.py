@@ -120,8 +120,8 @@ def assert_same_update(result, lora):
 def test_deepspeed_two_processes_give_the_one_process_update(stage, lora, tmp_path, monkeypatch):
     """DeepSpeed's CPU accelerator and gloo: the shipped JSON as it is, 2 ranks x 2 rows vs 1 x 4; and
     what each rank's vLLM engine would be sent after the update (ZeRO-3: gathered from the shards)."""
-    pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install deepspeed; it is no extra of "
-                                            "agentrl's: an sdist that builds against the installed torch)")
+    pytest.importorskip("deepspeed", reason="deepspeed is not installed (not in the dev extra: an sdist that builds "
+                                            "against the installed torch; pip install --no-build-isolation deepspeed)")
     monkeypatch.chdir(EXAMPLES.parent.parent)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     result = two_processes(str(EXAMPLES / f"deepspeed_zero{stage}.yaml"), lora, str(tmp_path / "rank0.pkl"))
