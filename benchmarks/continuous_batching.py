@@ -14,14 +14,22 @@ fixed by the draw and both sides do exactly the same (checked: equal episodes, e
     python benchmarks/continuous_batching.py            # 256 episodes through 64 rows
     python benchmarks/continuous_batching.py --quick    # 64 episodes through 16 rows
 
+Both arms use the same engine, which plans each turn over windows of the cache (rows of similar
+length together, `TorchSession._plan`); a third arm, **refill, one window**, is the refill run with
+that planning off (`length_buckets = False`: every forward over the whole batch and the longest
+row's width), as the engine was before. Each arm's process CPU seconds are recorded beside its wall
+time (`cpu_ratio`): on a machine shared with other jobs they move much less than wall time.
+
 Last line: one JSON object; `ratio` is refill episodes/s over baseline episodes/s (the issue asks
->= 1.5x). Also written to benchmarks/results/continuous_batching.json.
+>= 1.5x). Also written to benchmarks/results/continuous_batching.json, with `loadavg` (the 1, 5
+and 15 minute load averages when the run ended): figures taken on a loaded machine are not final.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -41,10 +49,23 @@ def episodes_for(locks: list[int], group_size: int):
     return envs, seeds, [g for g in range(len(locks)) for _ in range(group_size)]
 
 
-def engine_for(policy: Policy, new_tokens: int) -> TorchEngine:
+def engine_for(policy: Policy, new_tokens: int, windows: bool = True) -> TorchEngine:
     chat = policy.chat
-    return TorchEngine(policy.model, SamplingConfig(temperature=0.0, max_new_tokens=new_tokens), stop_ids=[],
-                       eos_id=chat.eos_id, pad_id=chat.pad_id, seed=0)
+    engine = TorchEngine(policy.model, SamplingConfig(temperature=0.0, max_new_tokens=new_tokens), stop_ids=[],
+                         eos_id=chat.eos_id, pad_id=chat.pad_id, seed=0)
+    engine.length_buckets = windows
+    return engine
+
+
+class Clock:
+    """Wall and process CPU seconds of a block."""
+
+    def __enter__(self):
+        self.t0, self.c0 = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall, self.cpu = time.perf_counter() - self.t0, time.process_time() - self.c0
 
 
 def main() -> None:
@@ -69,33 +90,44 @@ def main() -> None:
     warm_envs, warm_seeds, _ = episodes_for([1, 2], args.group_size)
     rollout(warm_envs, warm_seeds, engine_for(policy, args.new_tokens), chat)  # warm-up
 
-    envs, seeds, gids = episodes_for(locks, args.group_size)
-    t0 = time.perf_counter()
-    refill, _ = rollout(envs, seeds, engine_for(policy, args.new_tokens), chat, group_ids=gids,
-                        max_batch_rows=args.rows)
-    refill_s = time.perf_counter() - t0
+    def refill_run(windows: bool):
+        envs, seeds, gids = episodes_for(locks, args.group_size)
+        with Clock() as clock:
+            episodes, _ = rollout(envs, seeds, engine_for(policy, args.new_tokens, windows), chat, group_ids=gids,
+                                  max_batch_rows=args.rows)
+        return episodes, clock
 
+    refill, refill_t = refill_run(True)
     envs, seeds, gids = episodes_for(locks, args.group_size)
     engine = engine_for(policy, args.new_tokens)
-    t0 = time.perf_counter()
     baseline = []
-    for i in range(0, len(envs), args.rows):
-        part, _ = rollout(envs[i : i + args.rows], seeds[i : i + args.rows], engine, chat,
-                          group_ids=gids[i : i + args.rows])
-        baseline += part
-    baseline_s = time.perf_counter() - t0
+    with Clock() as baseline_t:
+        for i in range(0, len(envs), args.rows):
+            part, _ = rollout(envs[i : i + args.rows], seeds[i : i + args.rows], engine, chat,
+                              group_ids=gids[i : i + args.rows])
+            baseline += part
+    one_window, one_window_t = refill_run(False)
 
     assert [e.token_ids() for e in refill] == [e.token_ids() for e in baseline], "refill changed an episode"
+    assert [e.token_ids() for e in one_window] == [e.token_ids() for e in refill], "windows changed an episode"
     assert [e.group_id for e in refill] == gids
     tokens = sum(len(e.token_ids()) for e in refill)
-    result = {"benchmark": "continuous_batching", "episodes": len(refill), "rows": args.rows,
-              "group_size": args.group_size,
+    n = len(refill)
+    ratio = baseline_t.wall / refill_t.wall
+    result = {"benchmark": "continuous_batching", "episodes": n, "rows": args.rows, "group_size": args.group_size,
               "locks": locks, "turns_total": sum(e.num_turns for e in refill), "tokens": tokens, "quick": args.quick,
-              "threads": torch.get_num_threads(), "refill_s": round(refill_s, 3), "baseline_s": round(baseline_s, 3),
-              "refill_episodes_per_s": round(len(refill) / refill_s, 2),
-              "baseline_episodes_per_s": round(len(refill) / baseline_s, 2), "ratio": round(baseline_s / refill_s, 3)}
-    print(f"{len(refill)} episodes through {args.rows} rows: refill {refill_s:.2f} s, batches to completion "
-          f"{baseline_s:.2f} s: {baseline_s / refill_s:.2f}x")
+              "threads": torch.get_num_threads(), "loadavg": [round(x, 2) for x in os.getloadavg()],
+              "refill_s": round(refill_t.wall, 3), "baseline_s": round(baseline_t.wall, 3),
+              "refill_one_window_s": round(one_window_t.wall, 3),
+              "refill_cpu_s": round(refill_t.cpu, 3), "baseline_cpu_s": round(baseline_t.cpu, 3),
+              "refill_one_window_cpu_s": round(one_window_t.cpu, 3),
+              "refill_episodes_per_s": round(n / refill_t.wall, 2),
+              "baseline_episodes_per_s": round(n / baseline_t.wall, 2),
+              "cpu_ratio": round(baseline_t.cpu / refill_t.cpu, 3),
+              "one_window_ratio": round(baseline_t.wall / one_window_t.wall, 3), "ratio": round(ratio, 3)}
+    print(f"{n} episodes through {args.rows} rows: refill {refill_t.wall:.2f} s ({refill_t.cpu:.2f} CPU s), "
+          f"batches to completion {baseline_t.wall:.2f} s ({baseline_t.cpu:.2f} CPU s): {ratio:.2f}x; "
+          f"refill over one window {one_window_t.wall:.2f} s ({one_window_t.cpu:.2f} CPU s)")
     Path(__file__).parent.joinpath("results").mkdir(exist_ok=True)
     Path(__file__).parent.joinpath("results", "continuous_batching.json").write_text(
         json.dumps(result, indent=1) + "\n")

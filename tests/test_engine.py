@@ -108,6 +108,7 @@ def test_rolling_cache_changes_nothing_and_logprobs_match_recompute(vault_policy
     for cls in (TorchEngine, PlainCacheEngine):
         envs = [make("agentrl/Vault-v0", locks=1 + i % 3) for i in range(6)]
         engine = cls(vault_policy.model, sampling, chat.stop_ids, chat.eos_id, chat.pad_id, seed=4, capture_hidden=True)
+        engine.length_buckets = False  # one forward over the whole batch in both runs (DynamicCache has no windows)
         # serial env steps: the same batches in both runs, so that log-probs can compare bit for bit
         runs.append(rollout(envs, list(range(6)), engine, chat, workers="serial")[0])
     rolling, plain = runs
@@ -171,3 +172,43 @@ def test_decoding_a_turn_does_not_reallocate_the_cache(vault_policy, monkeypatch
     for layer in session.cache.layers:
         assert layer.keys.shape[-2] == session.cache_len and layer.key_buf.shape[-2] >= session.cache_len
         assert layer.keys.data_ptr() == layer.key_buf.data_ptr()
+
+
+@pytest.mark.parametrize("compact_cost", [0.0, 1e9], ids=["reordered", "in-place"])
+def test_length_windows_decode_what_reencoding_decodes(context_model, compact_cost):
+    """Rows of very different lengths in one batch (old rows beside rows refilled into freed slots,
+    the continuous-batching case): each turn runs on runs of slots, each over a window of the cache
+    that starts at its own rows' earliest position, after reordering the slots by length (reordered)
+    or as they are (in-place). Every row still decodes token for token what re-encoding its whole
+    history decodes, and the turns that ran on windows did run on them."""
+    model, pad_id, eos_id = context_model, 0, 1
+    g = torch.Generator().manual_seed(1)
+    vocab = model.config.vocab_size
+
+    def rand(n):
+        return torch.randint(2, vocab, (n,), generator=g).tolist()
+
+    max_new = 6
+    engine = TorchEngine(model, SamplingConfig(temperature=0, max_new_tokens=max_new), [], eos_id, pad_id)
+    engine.split_cost, engine.compact_cost = 0.0, compact_cost  # cut wherever attention is saved
+    history = {r: rand(40 + 9 * r) for r in range(4)}
+    session = engine.open([history[r] for r in range(4)])
+    next_row = 4
+    for turn in range(6):
+        want = [r for r in session.rows if (r + turn) % 3]  # some rows wait on their tool this turn
+        gens = session.generate(rows=want)
+        for row, gen in zip(want, gens):
+            assert gen.ids == greedy_reencoded(model, history[row], max_new, set()), f"row {row}, turn {turn}"
+            history[row] += gen.ids
+        if turn in (1, 3):  # the oldest row leaves; a fresh, short episode takes its slot
+            gone = session.rows[0]
+            session.drop([gone])
+            session.add([next_row], [rand(3)])
+            history[next_row] = list(session.pending[session._slots([next_row])[0]])
+            next_row += 1
+        for row in [r for r in want if r in session.rows]:
+            obs = rand(1 + (row + turn) % 4)
+            session.extend([obs], rows=[row])
+            history[row] += obs
+    assert session.groups_run > 0
+    assert (session.compactions > 0) == (compact_cost == 0.0)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -88,6 +89,12 @@ def row_uniforms(stream: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
     return _shr(_splitmix(_splitmix(stream) + counter), 11).double() / float(1 << 53)
 
 
+def _leading(view: torch.Tensor, buf: torch.Tensor | None, dim: int) -> bool:
+    """Is `view` the leading part of `buf` along `dim` (same start, strides and other sizes)?"""
+    return buf is not None and view.data_ptr() == buf.data_ptr() and view.stride() == buf.stride() and all(
+        a == b for d, (a, b) in enumerate(zip(view.shape, buf.shape)) if d != dim % view.dim())
+
+
 def _append(view: torch.Tensor, buf: torch.Tensor | None, new: torch.Tensor, room: int,
             dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`torch.cat([view, new], dim)` written into `buf`, of which `view` is the leading part; returns
@@ -95,9 +102,7 @@ def _append(view: torch.Tensor, buf: torch.Tensor | None, new: torch.Tensor, roo
     `room` is smaller) only when it is full, so appending a token copies one token, not the tensor.
     A `view` that is not the leading part of `buf` (the caller replaced it) becomes the buffer."""
     length, n = view.shape[dim], new.shape[dim]
-    leading = buf is not None and view.data_ptr() == buf.data_ptr() and view.stride() == buf.stride() and all(
-        a == b for d, (a, b) in enumerate(zip(view.shape, buf.shape)) if d != dim % view.dim())
-    if not leading:
+    if not _leading(view, buf, dim):
         buf = view
     if length + n > buf.shape[dim]:
         shape = list(new.shape)
@@ -168,6 +173,16 @@ class TorchEngine:
         if seed is not None:
             self.generator = torch.Generator().manual_seed(seed)
         self.sessions = 0
+        # Planning a turn (TorchSession._plan): cut the batch into runs of rows of similar length where
+        # the attention saved outweighs another forward. Costs are in row-positions of one turn's
+        # attention: a turn costs about split_cost + rows * (row_cost + cache width). Measured on CPU
+        # with the tiny policy (2 ms a forward, 0.8 ms a row, 0.005 ms a row-position, a turn of ~8
+        # forwards); on an accelerator a forward costs nearly the same for any number of rows, so the
+        # batch is never cut there (it still skips leading holes and freed slots at its edges).
+        self.length_buckets = True
+        self.split_cost = 3200.0 if self.device.type == "cpu" else 1e12
+        self.row_cost = 156.0
+        self.compact_cost = 0.25  # one gather of a row-position, against a turn's attention over it
 
     def state_dict(self) -> dict[str, Any]:
         """Where the sampler stands (its session-key generator and the number of sessions opened): a
@@ -190,16 +205,74 @@ class TorchEngine:
         return TorchSession(self, [list(p) for p in prompts], key)
 
 
+class _WindowLayer(DynamicLayer):
+    """Rows lo:hi and positions start: of a session's cache buffers, as one layer of a cache of its
+    own: what the model appends is written straight into the session's buffers (no copy in or out)."""
+
+    def __init__(self, key_buf: torch.Tensor, value_buf: torch.Tensor, length: int):
+        super().__init__()
+        self.key_buf, self.value_buf = key_buf, value_buf  # (b, H, room, D) views of the session's buffers
+        self.keys, self.values = key_buf.narrow(-2, 0, length), value_buf.narrow(-2, 0, length)
+        self.device = key_buf.device
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args,
+               **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        n, m = self.keys.shape[-2], key_states.shape[-2]
+        if n + m > self.key_buf.shape[-2]:  # the session reserves a turn's room first: a bug, not an input
+            raise RuntimeError(f"cache window full: {n} + {m} positions in room for {self.key_buf.shape[-2]}")
+        self.key_buf.narrow(-2, n, m).copy_(key_states)
+        self.value_buf.narrow(-2, n, m).copy_(value_states)
+        self.keys, self.values = self.key_buf.narrow(-2, 0, n + m), self.value_buf.narrow(-2, 0, n + m)
+        return self.keys, self.values
+
+
+@dataclass
+class _Group:
+    """The slots lo:hi that one turn's forwards run on, over cache positions start: onwards."""
+
+    lo: int
+    hi: int
+    start: int
+    cache: Any
+    mask: torch.Tensor  # (b, L - start) 1 = real token
+    mask_buf: torch.Tensor | None
+    holes: bool
+    window: bool  # a view of the session's buffers (else the session's own cache and mask)
+
+
+def _fit(view: torch.Tensor, buf: torch.Tensor | None, need: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`view` as the leading part of a buffer with room for `need` positions along `dim`, zero past the
+    view (so that positions no forward writes hold finite numbers); reallocates only when short."""
+    length = view.shape[dim]
+    if not _leading(view, buf, dim) or buf.shape[dim] < need:
+        shape = list(view.shape)
+        shape[dim] = need + length // 4  # a quarter more: the next turns grow into it
+        buf = view.new_zeros(shape)
+        buf.narrow(dim, 0, length).copy_(view)
+    else:
+        buf.narrow(dim, length, need - length).zero_()
+    return buf.narrow(dim, 0, length), buf
+
+
 class TorchSession:
     """A batch of rows in slots of one rectangular cache.
 
-    Rows need not move together: `generate(rows)` decodes only the rows named (the others feed
-    masked pads and stay as they are), so a row whose observation has arrived need not wait for the
-    rest; `drop(rows)` frees a finished row's slot without touching the cache, and `add(rows,
-    prompts)` puts new rows into free slots (continuous batching): the new row's old slot contents
-    are masked out and its prompt is prefilled by its first `generate`. Holes that build up this way
-    are squeezed out (`_compact`) once they outnumber the real positions. Positions come from each
-    row's own count of real tokens, never from the cache index, so moving keys changes nothing.
+    Rows need not move together: `generate(rows)` decodes only the rows named (the others stay as
+    they are), so a row whose observation has arrived need not wait for the rest; `drop(rows)` frees
+    a finished row's slot without touching the cache, and `add(rows, prompts)` puts new rows into
+    free slots (continuous batching): the new row's old slot contents are masked out and its prompt
+    is prefilled by its first `generate`. Positions come from each row's own count of real tokens,
+    never from the cache index, so moving keys changes nothing.
+
+    Rows of very different lengths (a refilled batch holds fresh episodes beside old ones) would make
+    every forward attend over the longest row's width. So each turn is planned (`_plan`): the slots
+    are cut into contiguous runs, each decoded over a window of the cache that starts at its own
+    earliest real position (`_WindowLayer`: views, no copies), where the saved attention outweighs
+    the cost of another forward; the cut is chosen exactly (a partition over the slot order) from a
+    cost model of a turn, `split_cost` + rows * (`row_cost` + width). When sorting the rows by length
+    and squeezing out the holes (`_compact`: one gather of the cache) would save more than it costs,
+    the slots are first reordered that way, longest first, freed slots last.
     """
 
     turn_level = True  # generate() decodes whole actions: rows join and leave between calls
@@ -209,6 +282,7 @@ class TorchSession:
         dev = engine.device
         self.key = key
         self.slot_rows: list[int | None] = list(range(len(prompts)))  # the caller's row in each slot (None: free)
+        self.order: list[int] = list(range(len(prompts)))  # the caller's rows in the order `rows` lists them
         self.drawn = torch.zeros(len(prompts), dtype=torch.long, device=dev)  # (B,) tokens each row has sampled
         # not fed yet: a reused slot's old positions are masked out at its first feed
         self.fresh = [True] * len(prompts)
@@ -220,63 +294,145 @@ class TorchSession:
         self.pos = torch.zeros(len(prompts), dtype=torch.long, device=dev)  # (B,) real tokens so far
         self.pending: list[list[int]] = prompts  # tokens each row has not yet fed to the model
         self.tokens_fed = 0  # padded positions run through the model (for throughput accounting)
+        self.groups_run = 0  # turns' forwards run on a window of the cache (a run of slots), for tests and benchmarks
+        self.compactions = 0
         self.turn_hidden: torch.Tensor | None = None
         self.started: list[int] = []
+        self._group: _Group | None = None
 
     @property
     def rows(self) -> list[int]:
-        """The caller's index of every row in the batch, in slot order (positions for `keep`)."""
-        return [r for r in self.slot_rows if r is not None]
+        """The caller's index of every row in the batch (positions for `keep`): in the order they were
+        added, whatever slots they occupy."""
+        return list(self.order)
 
     @property
     def cache_len(self) -> int:
         return self.mask.shape[1]
 
     def _slots(self, rows: Sequence[int] | None) -> list[int]:
-        if rows is None:
-            return [s for s, r in enumerate(self.slot_rows) if r is not None]
         where = {r: s for s, r in enumerate(self.slot_rows) if r is not None}
+        if rows is None:
+            return [where[r] for r in self.order]
         missing = [r for r in rows if r not in where]
         if missing:
             raise KeyError(f"rows {missing} are not in this session")
         return [where[r] for r in rows]
 
     def _forward(self, ids: torch.Tensor, chunk_mask: torch.Tensor, hidden: bool = False) -> torch.Tensor:
-        self.mask, self.mask_buf = _append(self.mask, self.mask_buf, chunk_mask, self.room, dim=1)  # (B, L + C)
-        pos_ids = (self.pos[:, None] + chunk_mask.cumsum(1) - 1).clamp(min=0)  # (B, C)
+        g = self._group
+        if g.window:  # written in place: the room was reserved (an empty window has no data pointer to check)
+            n, c = g.mask.shape[1], chunk_mask.shape[1]
+            if n + c > g.mask_buf.shape[1]:
+                raise RuntimeError("cache window full: the turn's room was not reserved")  # a bug, not an input
+            g.mask_buf.narrow(1, n, c).copy_(chunk_mask)
+            g.mask = g.mask_buf.narrow(1, 0, n + c)  # (b, L - start + C)
+        else:
+            g.mask, g.mask_buf = _append(g.mask, g.mask_buf, chunk_mask, self.room, dim=1)  # (B, L + C)
+        pos = self.pos[g.lo : g.hi]  # a view: updated in place
+        pos_ids = (pos[:, None] + chunk_mask.cumsum(1) - 1).clamp(min=0)  # (b, C)
         # An all-ones mask is one that transformers checks (a reduction, a host sync) and then
         # drops: until the first hole, pass none; the model runs the same kernels on the same numbers.
-        self.holes = self.holes or not bool(chunk_mask.all())
+        g.holes = g.holes or not bool(chunk_mask.all())
         out = self.engine.model(
-            input_ids=ids, attention_mask=self.mask if self.holes else None, position_ids=pos_ids, use_cache=True,
-            output_hidden_states=hidden, **{self.engine.cache_kwarg: self.cache}, **self.engine.last_logits,
+            input_ids=ids, attention_mask=g.mask if g.holes else None, position_ids=pos_ids, use_cache=True,
+            output_hidden_states=hidden, **{self.engine.cache_kwarg: g.cache}, **self.engine.last_logits,
         )
-        self.pos += chunk_mask.sum(1)
+        pos += chunk_mask.sum(1)
         self.tokens_fed += ids.numel()
         if hidden:  # the state at the last context token, which a turn critic reads
-            self.turn_hidden = out.hidden_states[-1][:, -1].float()  # (B, H)
-        return out.logits[:, -1]  # (B, V)
+            self.turn_hidden = out.hidden_states[-1][:, -1].float()  # (b, H)
+        return out.logits[:, -1]  # (b, V)
 
     def _layers(self) -> list[Any]:
         return [layer for layer in getattr(self.cache, "layers", []) if layer.get_seq_length() > 0]
 
-    def _compact(self) -> None:
+    def _compact(self, order: Sequence[int] | None = None) -> None:
         """Drop the masked holes: each row's real positions, in order, right-aligned in a cache as
-        long as the longest row's (one gather of every layer)."""
-        real = self.mask.bool()  # (B, L)
+        long as the longest row's (one gather of every layer). With `order`, slot i afterwards holds
+        what slot order[i] held. A free slot keeps nothing."""
+        B = len(self.slot_rows)
+        perm = list(range(B)) if order is None else list(order)
+        idx_rows = torch.tensor(perm, dtype=torch.long, device=self.engine.device)
+        live = torch.tensor([self.slot_rows[s] is not None for s in perm], device=self.engine.device)
+        real = self.mask.bool()[idx_rows] & live[:, None]  # (B, L)
         width = int(real.sum(1).max()) if real.numel() else 0
         # a stable sort puts each row's holes first and its real positions after, in their order
         idx = torch.argsort(real.int(), dim=1, stable=True)[:, real.shape[1] - width :]  # (B, W)
         self.mask, self.mask_buf = real.gather(1, idx).long(), None
         for layer in self._layers():
             k_idx = idx[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])  # (B, H, W, D)
+            if order is not None:
+                layer.keys, layer.values = layer.keys[idx_rows], layer.values[idx_rows]
             layer.keys, layer.values = layer.keys.gather(2, k_idx), layer.values.gather(2, k_idx)
             if isinstance(layer, _RollingLayer):
                 layer.key_buf = layer.value_buf = None
+        if order is not None:
+            self.pos, self.drawn = self.pos[idx_rows], self.drawn[idx_rows]
+            self.slot_rows = [self.slot_rows[s] for s in perm]
+            self.pending = [self.pending[s] for s in perm]
+            self.fresh = [self.fresh[s] for s in perm]
+        self.turn_hidden = None
+        self.compactions += 1
 
-    def _feed_pending(self, slots: list[int]) -> torch.Tensor:
-        B, dev = len(self.slot_rows), self.engine.device
+    def _partition(self, starts: list[int | None], length: int) -> tuple[float, list[tuple[int, int, int]]]:
+        """The cheapest cut of the slots into runs, each decoded over cache positions from its
+        earliest start: (cost, [(lo, hi, start)]). `starts[s]` is where slot s's real positions
+        begin, None for a slot not decoded (a run may hold it, at its cost, or leave it out)."""
+        eng = self.engine
+        B = len(starts)
+        step = max(1, -(-B // 128))  # cut between blocks of slots: the search is quadratic in their number
+        edges = list(range(0, B, step)) + [B]
+        lows = []
+        for a, b in zip(edges, edges[1:]):
+            known = [s for s in starts[a:b] if s is not None]
+            lows.append(min(known) if known else None)
+        n = len(lows)
+        best, cut, first = [0.0] + [float("inf")] * n, [0] * (n + 1), [None] * (n + 1)
+        for j in range(1, n + 1):
+            low = None
+            for i in range(j - 1, -1, -1):
+                if lows[i] is not None:
+                    low = lows[i] if low is None else min(low, lows[i])
+                rows = edges[j] - edges[i]
+                c = best[i] + (0.0 if low is None else eng.split_cost + rows * (eng.row_cost + length - low))
+                if c < best[j]:
+                    best[j], cut[j], first[j] = c, i, low
+        runs, j = [], n
+        while j > 0:
+            if first[j] is not None:
+                runs.append((edges[cut[j]], edges[j], first[j]))
+            j = cut[j]
+        return best[n], runs[::-1]
+
+    def _plan(self, slots: list[int]) -> list[tuple[int, int, int]]:
+        """The runs of slots this turn's forwards go over, as (lo, hi, start): see the class doc."""
+        B, length = len(self.slot_rows), self.cache_len
+        layers = getattr(self.cache, "layers", [])
+        windows = (self.engine.length_buckets and length > 0 and isinstance(self.cache, _RollingCache) and layers
+                   and all(isinstance(layer, _RollingLayer) and layer.get_seq_length() == length for layer in layers))
+        if not windows:
+            if self.holes and length > 64 and 2 * int(self.mask.sum(1).max()) < length:
+                self._compact()
+            return [(0, B, 0)]
+        real = self.mask.bool()
+        counts = real.sum(1).tolist()
+        firsts = torch.where(real.any(1), real.int().argmax(1), length).tolist()
         active = set(slots)
+        now, runs = self._partition([firsts[s] if s in active else None for s in range(B)], length)
+        # the same turn after sorting the live rows by length and squeezing out every hole
+        live = [s for s in range(B) if self.slot_rows[s] is not None]
+        live.sort(key=lambda s: -counts[s])  # stable: ties keep their slot order
+        order = live + [s for s in range(B) if self.slot_rows[s] is None]
+        width = max((counts[s] for s in live), default=0)
+        sorted_starts = [width - counts[s] if s in active else None for s in order]
+        after, sorted_runs = self._partition(sorted_starts, width)
+        if width > 0 and now - after > self.engine.compact_cost * B * length:
+            self._compact(order)
+            runs = sorted_runs
+        return runs
+
+    def _prepare(self, slots: list[int]) -> None:
         for s in slots:
             if not self.pending[s]:
                 raise ValueError(f"row {self.slot_rows[s]} has nothing to feed: extend() it with its observation "
@@ -287,26 +443,16 @@ class TorchSession:
                     self.holes = True
                 self.pos[s] = 0
                 self.fresh[s] = False
-        if self.holes and self.cache_len > 64 and 2 * int(self.mask.sum(1).max()) < self.cache_len:
-            self._compact()
-        width = max(len(self.pending[s]) for s in slots)
-        ids = torch.full((B, width), self.engine.pad_id, dtype=torch.long, device=dev)  # (B, C)
-        m = torch.zeros_like(ids)
-        for s in range(B):  # left-pad: the last column is every row's newest token
-            chunk = self.pending[s] if s in active else []
-            if chunk:
-                ids[s, width - len(chunk) :] = torch.tensor(chunk, dtype=torch.long)
-                m[s, width - len(chunk) :] = 1
-                self.pending[s] = []
-            elif self.fresh[s]:
-                # a row with no real position yet would attend to nothing (NaN, which the masked
-                # slots would then hold); let its pad see itself: its first feed masks it out again
-                m[s, -1] = 1
-        # room for this chunk and the longest action: no growth while decoding this turn
-        self.room = self.cache_len + width + self.engine.sampling.max_new_tokens
-        if isinstance(self.cache, _RollingCache):
-            self.cache.room = self.room
-        return self._forward(ids, m, hidden=self.engine.capture_hidden)
+
+    def _open(self, lo: int, hi: int, start: int, window: bool) -> _Group:
+        if not window:
+            return _Group(0, len(self.slot_rows), 0, self.cache, self.mask, self.mask_buf, self.holes, False)
+        length = self.cache_len
+        win = DynamicCache()
+        win.layers = [_WindowLayer(layer.key_buf[lo:hi, :, start:], layer.value_buf[lo:hi, :, start:], length - start)
+                      for layer in self.cache.layers]
+        mask_buf = self.mask_buf[lo:hi, start:]
+        return _Group(lo, hi, start, win, mask_buf[:, : length - start], mask_buf, True, True)
 
     @torch.inference_mode()
     def generate(self, forced: Sequence[Sequence[int]] | None = None,
@@ -314,60 +460,126 @@ class TorchSession:
         """One action for each of `rows` (default: every row), in that order; the other rows stay as
         they are. `forced` (one token list per row) replaces sampling by those tokens (teacher
         forcing: same forwards, same log-probs; for replaying episodes and benchmarks)."""
-        eng, cfg = self.engine, self.engine.sampling
-        slots = self._slots(rows)
+        cfg = self.engine.sampling
+        wanted = list(self.order if rows is None else rows)
+        slots = self._slots(wanted)
         if not slots:
             return []
-        B, dev = len(self.slot_rows), eng.device
-        logits = self._feed_pending(slots)
-        active = torch.zeros(B, dtype=torch.bool, device=dev)
-        active[slots] = True
         if forced is not None:
-            forced_t = torch.full((B, cfg.max_new_tokens), eng.pad_id, dtype=torch.long, device=dev)
-            for s, f in zip(slots, forced, strict=True):
-                forced_t[s, : len(f)] = torch.tensor(f[: cfg.max_new_tokens], dtype=torch.long)
-        tokens = torch.full((B, cfg.max_new_tokens), eng.pad_id, dtype=torch.long, device=dev)  # (B, N)
-        logps = torch.zeros(B, cfg.max_new_tokens, device=dev)  # (B, N)
-        done = ~active  # rows not asked for feed masked pads throughout
-        length = torch.zeros(B, dtype=torch.long, device=dev)
+            forced = list(forced)
+            if len(forced) != len(wanted):
+                raise ValueError(f"generate() got {len(forced)} forced actions for {len(wanted)} rows")
+        self._prepare(slots)
+        runs = self._plan(slots)
+        slots = self._slots(wanted)  # the plan may have moved rows to other slots
+        B, length = len(self.slot_rows), self.cache_len
+        window = runs != [(0, B, 0)]
+        if window:  # room for every run's chunk and longest action, before any run writes into it
+            widest = max(len(self.pending[s]) for s in slots)
+            need = length + widest + cfg.max_new_tokens
+            for layer in self.cache.layers:
+                layer.keys, layer.key_buf = _fit(layer.keys, layer.key_buf, need, dim=-2)
+                layer.values, layer.value_buf = _fit(layer.values, layer.value_buf, need, dim=-2)
+            self.mask, self.mask_buf = _fit(self.mask, self.mask_buf, need, dim=1)
+        by_slot = dict(zip(slots, forced)) if forced is not None else None
+        out: dict[int, Generation] = {}
+        span = 0
+        for lo, hi, start in runs:
+            self._group = g = self._open(lo, hi, start, window)
+            self._turn(g, set(slots), by_slot, out)
+            span = max(span, g.mask.shape[1] - (length - g.start))
+            if not window:
+                self.mask, self.mask_buf, self.holes = g.mask, g.mask_buf, g.holes
+        self._group = None
+        if window:
+            self.mask = self.mask_buf.narrow(1, 0, length + span)
+            for layer in self.cache.layers:
+                layer.keys = layer.key_buf.narrow(-2, 0, length + span)
+                layer.values = layer.value_buf.narrow(-2, 0, length + span)
+            self.holes = True
+            self.groups_run += len(runs)
+        return [out[s] for s in slots]
+
+    def _turn(self, g: _Group, wanted: set[int], forced: dict[int, Sequence[int]] | None,
+              out: dict[int, Generation]) -> None:
+        """Decode one action for each wanted slot in g.lo:g.hi; the group's other slots feed masked pads."""
+        eng, cfg = self.engine, self.engine.sampling
+        b, dev, length = g.hi - g.lo, eng.device, self.cache_len
+        slots = [s for s in range(g.lo, g.hi) if s in wanted]
+        local = [s - g.lo for s in slots]
+        active = torch.zeros(b, dtype=torch.bool, device=dev)
+        active[local] = True
+        width = max(len(self.pending[s]) for s in slots)
+        ids = torch.full((b, width), eng.pad_id, dtype=torch.long, device=dev)  # (b, C)
+        m = torch.zeros_like(ids)
+        for s in slots:  # left-pad: the last column is every row's newest token
+            chunk = self.pending[s]
+            ids[s - g.lo, width - len(chunk) :] = torch.tensor(chunk, dtype=torch.long)
+            m[s - g.lo, width - len(chunk) :] = 1
+            self.pending[s] = []
+        # A row not decoded may see no real position in its window (a free or fresh slot, or one whose
+        # positions begin before the window): it would attend to nothing (NaN, which its masked positions
+        # would then hold). Its pad sees itself during the turn; that position is masked again after it.
+        idle = ~active
+        m[idle, -1] = 1
+        before = self.pos[g.lo : g.hi].clone()
+        # room for this chunk and the longest action: no growth while decoding this turn
+        self.room = length + width + cfg.max_new_tokens
+        if isinstance(self.cache, _RollingCache):
+            self.cache.room = self.room
+        logits = self._forward(ids, m, hidden=eng.capture_hidden)
+        hidden = self.turn_hidden.tolist() if eng.capture_hidden and self.turn_hidden is not None else [None] * b
+        if forced is not None:
+            forced_t = torch.full((b, cfg.max_new_tokens), eng.pad_id, dtype=torch.long, device=dev)
+            for s in slots:
+                f = forced[s]
+                forced_t[s - g.lo, : len(f)] = torch.tensor(f[: cfg.max_new_tokens], dtype=torch.long)
+        tokens = torch.full((b, cfg.max_new_tokens), eng.pad_id, dtype=torch.long, device=dev)  # (b, N)
+        logps = torch.zeros(b, cfg.max_new_tokens, device=dev)  # (b, N)
+        done = idle.clone()  # rows not asked for feed masked pads throughout
+        count = torch.zeros(b, dtype=torch.long, device=dev)
         stop_ids = eng.stop_ids.to(dev)
-        stream = torch.tensor([self.key + (r if r is not None else -1) * 1_000_003 for r in self.slot_rows],
-                              dtype=torch.long, device=dev)  # (B,)
+        stream = torch.tensor([self.key + (-1 if r is None else r) * 1_000_003 for r in self.slot_rows[g.lo : g.hi]],
+                              dtype=torch.long, device=dev)  # (b,)
+        drawn = self.drawn[g.lo : g.hi]  # a view: updated in place
         n = 0
         for t in range(cfg.max_new_tokens):
             if forced is None:
-                u = row_uniforms(stream, self.drawn) if cfg.temperature > 0 else None
+                u = row_uniforms(stream, drawn) if cfg.temperature > 0 else None
                 tok, lp = sample_tokens(logits, cfg, uniforms=u)
             else:
                 tok = forced_t[:, t]
                 lp = torch.log_softmax(logits.float() / (cfg.temperature or 1.0), -1).gather(
                     -1, tok[:, None]).squeeze(-1)
             live = ~done  # rows that produce a real token at this step
-            self.drawn += live.long()
+            drawn += live.long()
             tokens[:, t] = torch.where(live, tok, eng.pad_id)
             logps[:, t] = torch.where(live, lp, 0.0)
-            length += live.long()
+            count += live.long()
             done = done | (live & torch.isin(tok, stop_ids))
             n = t + 1
             if bool(done.all()) or n == cfg.max_new_tokens:
                 break
             logits = self._forward(tokens[:, t : t + 1], live.long()[:, None])
+        # the idle rows' pads: masked again, and not counted as positions
+        self.pos[g.lo : g.hi] = torch.where(active, self.pos[g.lo : g.hi], before)
+        if bool(idle.any()):
+            g.mask[idle, length - g.start + width - 1] = 0
+            g.holes = True
         # the last token each row produced at the final step is not in the cache yet: it goes
         # first in the row's next chunk, saving a forward pass now.
         tokens, logps = tokens[:, :n].tolist(), logps[:, :n].tolist()
-        lengths, last_live = length.tolist(), live.tolist()
-        hidden = self.turn_hidden.tolist() if eng.capture_hidden and self.turn_hidden is not None else [None] * B
+        lengths, last_live = count.tolist(), live.tolist()
         stops = set(eng.stop_ids.tolist())
-        out = []
-        for s in slots:
-            ids = tokens[s][: lengths[s]]
-            if last_live[s]:
-                self.pending[s] = [ids[-1]]
+        for s, i in zip(slots, local):
+            ids_i = tokens[i][: lengths[i]]
+            if last_live[i]:
+                self.pending[s] = [ids_i[-1]]
             finish = "length"
-            if ids and ids[-1] in stops:
-                finish = "eos" if ids[-1] == eng.eos_id else "stop"
-            out.append(Generation(ids, logps[s][: lengths[s]], finish, hidden[s]))
-        return out
+            if ids_i and ids_i[-1] in stops:
+                finish = "eos" if ids_i[-1] == eng.eos_id else "stop"
+            out[s] = Generation(ids_i, logps[i][: lengths[i]], finish, hidden[i])
+
 
     def start(self, rows: Sequence[int]) -> None:
         """Ask for the next action of `rows`; `collect()` decodes them (in one batch)."""
@@ -385,6 +597,7 @@ class TorchSession:
         for s, chunk in zip(slots, chunks):
             self.pending[s] = self.pending[s] + list(chunk)
 
+    @torch.inference_mode()  # the session's tensors are made in inference mode (generate)
     def add(self, rows: Sequence[int], prompts: Sequence[Sequence[int]]) -> None:
         """New rows join the batch: into free slots (their cache stays, masked out), else new ones."""
         if len(rows) != len(prompts):
@@ -402,6 +615,7 @@ class TorchSession:
                 raise ValueError(f"row {row}: an empty prompt")
             self.slot_rows[s], self.pending[s], self.fresh[s] = row, list(prompt), True
             self.drawn[s] = 0
+        self.order += list(rows)
 
     def _grow(self, n: int) -> None:
         self.mask, self.mask_buf = torch.cat([self.mask, self.mask.new_zeros(n, self.cache_len)]), None
@@ -422,13 +636,17 @@ class TorchSession:
         """These rows leave the batch; their slots are free for `add` (the cache is not touched)."""
         for s in self._slots(rows):
             self.slot_rows[s], self.pending[s] = None, []
+        gone = set(rows)
+        self.order = [r for r in self.order if r not in gone]
 
+    @torch.inference_mode()  # the session's tensors are made in inference mode (generate)
     def keep(self, positions: Sequence[int]) -> None:
         """Keep only these positions of `rows` (drop finished episodes); slices the KV cache."""
-        live = self._slots(None)
-        if len(positions) == len(self.slot_rows):
+        chosen = [self.order[p] for p in positions]
+        if len(chosen) == len(self.slot_rows):  # every slot stays: nothing to slice
+            self.order = chosen
             return
-        slots = [live[p] for p in positions]
+        slots = self._slots(chosen)
         idx = torch.tensor(slots, dtype=torch.long, device=self.engine.device)
         if len(slots) and self.cache.get_seq_length() > 0:
             self.cache.batch_select_indices(idx)
@@ -438,6 +656,7 @@ class TorchSession:
         self.slot_rows = [self.slot_rows[s] for s in slots]
         self.pending = [self.pending[s] for s in slots]
         self.fresh = [self.fresh[s] for s in slots]
+        self.order = chosen
         self.turn_hidden = None
 
 
