@@ -49,6 +49,7 @@ from __future__ import annotations
 import atexit
 import concurrent.futures as cf
 import errno
+import functools
 import itertools
 import json
 import marshal
@@ -233,9 +234,22 @@ _caps_lock = threading.Lock()
 _caps: _Caps | None = None
 
 
+@functools.lru_cache(maxsize=1)
+def _compiled_harness() -> str | None:
+    """The harness compiled once, in this process, as a `-c` program that runs it: each run starts
+    two processes, and compiling the harness's source took ~8 ms of each one's CPU (a tenth of a
+    Code-v0 turn). The same code runs the same way (`exec` in `__main__`, file name "<string>" as
+    for `-c`); marshal's format belongs to this interpreter, so only it is given the compiled form.
+    None where the argument would come near the kernel's limit on one argument (128 KiB)."""
+    code = marshal.dumps(compile(_HARNESS, "<string>", "exec")).hex()
+    boot = f"import marshal\nexec(marshal.loads(bytes.fromhex({code!r})))\n"
+    return boot if len(boot) < 120_000 else None
+
+
 def _harness_argv(python: str, *args: str) -> list[str]:
     # -S: site (and every .pth file in site-packages) would run before the launcher has hidden them
-    return [python, "-S", "-s", "-P", "-c", _HARNESS, *args]
+    program = _compiled_harness() if python == os.path.realpath(sys.executable) else None
+    return [python, "-S", "-s", "-P", "-c", program or _HARNESS, *args]
 
 
 def probe_capabilities(refresh: bool = False) -> _Caps:
