@@ -520,12 +520,16 @@ class Trainer:
                 mb = batch.select(chunk)
                 own = mb.select(mine[chunk].nonzero(as_tuple=True)[0])
                 self.optimizer.zero_grad(set_to_none=True)
-                # a rank with no rows in this minibatch still joins DDP's all-reduce, with a zero loss
-                parts = own.micro_batches(cfg.optim.micro_batch_tokens) if own.size else [None]
+                # every rank makes as many forwards and backwards as the busiest (FSDP and ZeRO gather weights in
+                # each, ZeRO-2 reduces in each): a rank short of rows pads with zero-loss passes
+                parts: list[torch.Tensor | None] = own.micro_batches(cfg.optim.micro_batch_tokens) if own.size else []
+                parts += [None] * (max(ranks.gather(len(parts))) - len(parts) if ranks.world > 1 else 0)
+                parts = parts or [None]
                 finite = True
                 for j, idx in enumerate(parts):
                     last = j == len(parts) - 1  # DDP all-reduces the gradients on this backward only
                     m = (own.select(idx) if idx is not None else mb.select([0])).trim().to(device)
+                    self._step_on_backward(last)
                     sync = contextlib.nullcontext() if last else self.accelerator.no_sync(self.model)
                     with sync:
                         with self.accelerator.autocast():  # bf16 on CUDA
@@ -574,6 +578,14 @@ class Trainer:
         out["train/padding_frac"] = 1.0 - tokens / max(padded, 1)
         return out
 
+    def _step_on_backward(self, last: bool) -> None:
+        """DeepSpeed's backward also steps its optimizer unless told this is not a minibatch's last micro-batch
+        (accelerate's `no_sync` does not tell it)."""
+        from accelerate.utils import DistributedType
+
+        if self.accelerator.distributed_type == DistributedType.DEEPSPEED:
+            self.accelerator.gradient_state._set_sync_gradients(last)
+
     def reference_logp(self, batch: TurnBatch, owner: torch.Tensor | None = None) -> torch.Tensor:
         """(B, T) log-probs under the reference, once per batch: the frozen copy, or with LoRA the same
         model with its adapters switched off. With `owner` (several processes), each rank scores its own
@@ -599,11 +611,15 @@ class Trainer:
         rows = torch.arange(batch.size) if owner is None else (owner == self.ranks.rank).nonzero(as_tuple=True)[0]
         own = batch.select(rows)
         temp = self.cfg.rollout.sampling.temperature or 1.0
+        parts: list[torch.Tensor | None] = own.micro_batches(self.cfg.optim.micro_batch_tokens) if own.size else []
+        if owner is not None and shards_weights(model):  # every forward gathers weights: as many on every rank
+            parts += [None] * (max(self.ranks.gather(len(parts))) - len(parts))
         with torch.inference_mode(), self.accelerator.autocast():
-            for idx in own.micro_batches(self.cfg.optim.micro_batch_tokens):
-                m = own.select(idx).trim().to(self.accelerator.device)
-                out[rows[idx], : m.input_ids.shape[1]] = token_stats(model, m.input_ids, m.attention_mask, temp,
-                                                                     only=m.action_mask).logp.float().cpu()
+            for idx in parts:
+                m = (own.select(idx) if idx is not None else batch.select([0])).trim().to(self.accelerator.device)
+                logp = token_stats(model, m.input_ids, m.attention_mask, temp, only=m.action_mask).logp
+                if idx is not None:
+                    out[rows[idx], : m.input_ids.shape[1]] = logp.float().cpu()
         if owner is not None and self.ranks.world > 1:
             lengths = batch.attention_mask.sum(1)
             mine = {int(r): out[r, : int(lengths[r])].clone() for r in rows}
