@@ -28,9 +28,9 @@ thresholds.
 
 Baseline and ratio: the sweep itself is the baseline. Without --holdout, `ratio` (last line, JSON) is
 the fraction of horizons where the recommendation agrees. With it, `ratio` is the best fixed choice's
-regret over the probe's on the held-out family (the probe's floored at 0.005, a tenth of one held-out
-evaluation's standard error, so a zero regret gives a finite figure): above 1 the probe beat every fixed
-choice. A horizon report per horizon goes to --out.
+regret over the probe's on the held-out family, each plus 0.005 (a tenth of one held-out evaluation's
+standard error, so that a zero regret gives a finite figure): 1 is a tie, above 1 the probe beat every
+fixed choice, below 1 some fixed choice beat it. A horizon report per horizon goes to --out.
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ def main() -> None:
         "fixed_regret": {a: round(r["regret"], 4) for a, r in fixed.items()},
         "best_fixed": best_fixed, "best_fixed_regret": round(fixed[best_fixed]["regret"], 4),
         "probe_beats_every_fixed": all(reg["probe"]["regret"] < r["regret"] for r in fixed.values()),
-        "ratio": round(fixed[best_fixed]["regret"] / max(reg["probe"]["regret"], REGRET_FLOOR), 3),
+        "ratio": round((fixed[best_fixed]["regret"] + REGRET_FLOOR) / (reg["probe"]["regret"] + REGRET_FLOOR), 3),
     }
     full: dict[str, Any] = {**record, "thresholds": th.model_dump(), "holdout_rows": held_rows, "regrets": reg}
     if args.recalibrate:

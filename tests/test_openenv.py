@@ -124,6 +124,20 @@ def test_adapter_pickles_into_a_fresh_session(vault_server):
     clone.close()
 
 
+def test_a_session_past_the_servers_limit_is_an_env_error_that_says_so():
+    server = Server("agentrl/Vault-v0", "--kw", "locks=2", "--max-sessions", "1")
+    try:
+        first, second = OpenEnvEnv(server.url, timeout=20), OpenEnvEnv(server.url, timeout=20)
+        first.reset(seed=0)
+        # the client reads the server's CAPACITY_REACHED answer, or only the socket it closed after it
+        with pytest.raises(EnvError, match=r"reset\(\) (failed.*at its session limit .*--max-sessions|with an error: "
+                           r".*CAPACITY_REACHED)"):
+            second.reset(seed=0)
+        first.close()
+    finally:
+        server.stop()
+
+
 def test_a_server_that_hangs_then_dies_mid_episode_is_an_env_error_naming_it():
     server = Server("agentrl/Vault-v0", "--kw", "locks=2")
     try:

@@ -162,6 +162,7 @@ class OpenEnvEnv(AgentEnv):
     def _call(self, what: str, *args: Any, **kwargs: Any) -> Any:
         """One request on the session; every way the server can fail is an `EnvError` naming it, except
         a rejected action of a generic env (`_Rejected`: the session is alive, the policy erred)."""
+        fresh = self._client is None
         try:
             if self._client is None:
                 client = _client_class()(base_url=self.url, connect_timeout_s=self.timeout,
@@ -180,6 +181,11 @@ class OpenEnvEnv(AgentEnv):
                                f"{text.removeprefix('Server error: ')}") from e
             self._abandon()
             why = f"no answer within {self.timeout:g} s" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
+            if fresh and type(e).__name__.startswith("ConnectionClosed"):
+                # OpenEnv's server answers a session past its limit with CAPACITY_REACHED and closes it; the
+                # client reads that answer only as the closed socket of the next request
+                why += ("; it closed a new session at once, as it does at its session limit (agentrl serve-env "
+                        "--max-sessions: a training run holds one session per rollout env and per held-out env)")
             raise EnvError(f"{self._where()}: {what}() failed, the server is gone or not answering ({why})") from e
 
     def _abandon(self) -> None:
