@@ -9,7 +9,7 @@ import time
 
 import pytest
 from envs_for_workers import BrokenVault, CrashingVault, SlowEnv
-from test_workers import call, greedy_engine, scripted, summary, vault_envs
+from test_workers import call, greedy_engine, hang_then_ping, scripted, summary, vault_envs
 
 from agentrl.core import make
 from agentrl.engines import ScriptedEngine
@@ -92,18 +92,9 @@ def test_one_pool_serves_many_rollouts(vault_policy, pool):
 
 def test_hanging_tool_times_out_in_an_actor_and_the_episode_goes_on(vault_policy, pool):
     chat = vault_policy.chat
-    script = [call("wait", seconds=300.0), call("ping"), call("wait", seconds=0.01)]
-    turns: dict[int, int] = {}
-
-    def act(row):
-        k = turns.get(row, 0)
-        turns[row] = k + 1
-        return chat.action_ids(script[k] if row == 0 else call("ping"))
-
     t0 = time.perf_counter()
     given_up = ray.get(pool.actors[0].abandoned.remote())
-    episodes, stats = rollout([SlowEnv() for _ in range(3)], [0, 1, 2], ScriptedEngine(act, chat.eos_id), chat,
-                              workers=pool)
+    episodes, stats = rollout([SlowEnv() for _ in range(3)], [0, 1, 2], hang_then_ping(chat), chat, workers=pool)
     assert time.perf_counter() - t0 < 30
     assert ray.get(pool.actors[0].abandoned.remote()) == given_up + 1  # the actor hosting slot 0 gave the call up
     hung = episodes[0]

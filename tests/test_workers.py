@@ -19,6 +19,19 @@ from agentrl.workers import ToolRunner, make_pool, parse_workers
 POOLS = ["serial", "thread:1", "thread:8", "process:2"]
 
 
+def hang_then_ping(chat) -> ScriptedEngine:
+    """Row 0 calls a tool that sleeps 300 s, then pings and waits briefly; the other rows ping."""
+    script = [call("wait", seconds=300.0), call("ping"), call("wait", seconds=0.01)]
+    turns: dict[int, int] = {}
+
+    def act(row):
+        k = turns.get(row, 0)
+        turns[row] = k + 1
+        return chat.action_ids(script[k] if row == 0 else call("ping"))
+
+    return ScriptedEngine(act, chat.eos_id)
+
+
 def call(name, **arguments):
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
@@ -161,17 +174,9 @@ def test_async_tool_is_awaited_on_the_event_loop():
 @pytest.mark.parametrize("workers", ["thread:4", "process:2"])
 def test_hanging_tool_times_out_and_the_episode_goes_on(vault_policy, workers):
     chat = vault_policy.chat
-    script = [call("wait", seconds=300.0), call("ping"), call("wait", seconds=0.01)]
-    turns: dict[int, int] = {}
-
-    def act(row):
-        k = turns.get(row, 0)
-        turns[row] = k + 1
-        return chat.action_ids(script[k] if row == 0 else call("ping"))
-
     t0 = time.perf_counter()
     with make_pool(workers, tool_timeout=0.3) as pool:
-        episodes, stats = rollout([SlowEnv() for _ in range(3)], [0, 1, 2], ScriptedEngine(act, chat.eos_id), chat,
+        episodes, stats = rollout([SlowEnv() for _ in range(3)], [0, 1, 2], hang_then_ping(chat), chat,
                                   workers=pool)
     assert time.perf_counter() - t0 < 60  # not the 300 s the tool asked for (a process pool's start included)
     hung = episodes[0]
