@@ -20,6 +20,14 @@ that planning off (`length_buckets = False`: every forward over the whole batch 
 row's width), as the engine was before. Each arm's process CPU seconds are recorded beside its wall
 time (`cpu_ratio`): on a machine shared with other jobs they move much less than wall time.
 
+What to expect on CPU (measured with the tiny policy, one thread): a turn over b rows of cache width
+L costs about 16 ms + b * (0.8 ms + 0.005 ms * L), so compute grows with the rows and their width
+and a fuller batch buys only the fixed part. Refill saves turn-steps (84 against 126 here: the
+1.5x a device whose forward costs the same for any number of rows would see), but its batch holds
+rows of every age where each baseline batch holds rows of one age; the windows win back most of
+that width (0.65x -> 0.87x on a loaded machine), not the turn-steps' worth. With 16 rows (--quick)
+the fixed part weighs more and refill comes out ahead.
+
 Last line: one JSON object; `ratio` is refill episodes/s over baseline episodes/s (the issue asks
 >= 1.5x). Also written to benchmarks/results/continuous_batching.json, with `loadavg` (the 1, 5
 and 15 minute load averages when the run ended): figures taken on a loaded machine are not final.
