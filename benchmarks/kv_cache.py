@@ -6,6 +6,7 @@ handled. The baseline rebuilds each row's cache from its whole history at the st
 turn, as a loop that calls `generate()` per turn does. Reports rollout tokens/s and the ratio.
 
     python benchmarks/kv_cache.py --locks 8 --episodes 64
+    python benchmarks/kv_cache.py --quick    # 16 episodes, one timed run of each, one thread
 
 Last line: one JSON object with the figures, `ratio` among them (cached speed / re-encode speed).
 """
@@ -13,12 +14,13 @@ Last line: one JSON object with the figures, `ratio` among them (cached speed / 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
+import os
 import time
 from collections.abc import Sequence
 
 import torch
-from transformers import DynamicCache
 
 from agentrl.core import make
 from agentrl.engines import SamplingConfig, ScriptedEngine, TorchEngine
@@ -28,65 +30,78 @@ from agentrl.rollout import rollout
 from agentrl.stages.sft import expert_texts
 
 
-class ReencodeSession(TorchSession):
-    """The baseline: at every turn, drop the cache and feed each row's whole history again."""
+class Replay(TorchEngine):
+    """The torch engine, its sessions replaying recorded actions: row r's k-th action is actions[r][k],
+    fed by teacher forcing (`generate(forced=...)`: the same forwards and log-probs as sampling it)."""
 
-    def __init__(self, engine, prompts):
-        super().__init__(engine, prompts)
-        self.history = [list(p) for p in prompts]
+    def __init__(self, *args, actions: list[list[list[int]]], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.actions = actions
+        self.turn: collections.Counter[int] = collections.Counter()
 
-    def generate(self, forced=None):
-        for i, chunk in enumerate(self.pending):
-            if self.cache_len:  # not the first turn: the whole history, re-encoded
-                self.history[i] += chunk
-                self.pending[i] = list(self.history[i])
-        self.cache = DynamicCache()
-        self.mask = self.mask[:, :0]
-        self.pos = torch.zeros_like(self.pos)
-        gens = super().generate(forced)
-        for i, g in enumerate(gens):
-            if self.history[i] is not None and self.cache_len and len(self.history[i]) and g.ids:
-                self.history[i] += g.ids[:-1]  # the last token travels in pending, as in the parent
-        return gens
-
-    def keep(self, positions: Sequence[int]) -> None:
-        self.history = [self.history[p] for p in positions]
-        super().keep(positions)
-
-
-class ReencodeEngine(TorchEngine):
-    def open(self, prompts):
-        return ReencodeSession(self, [list(p) for p in prompts])
-
-
-class Forced:
-    """Wraps an engine so that each row replays a recorded action sequence."""
-
-    def __init__(self, engine, actions: list[list[list[int]]]):
-        self.engine, self.actions = engine, actions
+    def forced(self, rows: Sequence[int]) -> list[list[int]]:
+        out = [self.actions[r][self.turn[r]] for r in rows]
+        self.turn.update(rows)
+        return out
 
     def open(self, prompts):
-        inner = self.engine.open(prompts)
-        turn = {"k": 0}
-        actions = self.actions
+        self.turn.clear()
+        return CachedSession(self, [list(p) for p in prompts])
 
-        class S:
-            @property
-            def rows(self):
-                return inner.rows
 
-            def generate(self):
-                g = inner.generate(forced=[actions[r][turn["k"]] for r in inner.rows])
-                turn["k"] += 1
-                return g
+class CachedSession(TorchSession):
+    """Each row's KV cache kept across turns (the engine as it is), actions forced."""
 
-            def extend(self, chunks):
-                inner.extend(chunks)
+    def collect(self):
+        rows, self.started = self.started, []
+        return list(zip(rows, self.generate(forced=self.engine.forced(rows), rows=rows)))
 
-            def keep(self, positions):
-                inner.keep(positions)
 
-        return S()
+class Reencode(Replay):
+    def open(self, prompts):
+        self.turn.clear()
+        return ReencodeSession(self, prompts)
+
+
+class ReencodeSession:
+    """The baseline: nothing kept between turns. Each turn opens a fresh torch session on the started
+    rows' whole histories (prompt, actions, observations) and decodes their actions in it."""
+
+    turn_level = True
+
+    def __init__(self, engine: Reencode, prompts: Sequence[Sequence[int]]):
+        self.engine, self.started = engine, []
+        self.history = {r: list(p) for r, p in enumerate(prompts)}
+
+    @property
+    def rows(self) -> list[int]:
+        return list(self.history)
+
+    def add(self, rows, prompts):
+        self.history.update((r, list(p)) for r, p in zip(rows, prompts))
+
+    def start(self, rows):
+        self.started += list(rows)
+
+    def collect(self):
+        rows, self.started = self.started, []
+        fresh = TorchSession(self.engine, [list(self.history[r]) for r in rows])
+        gens = fresh.generate(forced=self.engine.forced(rows))
+        for r, g in zip(rows, gens):
+            self.history[r] += g.ids
+        return list(zip(rows, gens))
+
+    def extend(self, chunks, rows=None):
+        for r, chunk in zip(self.rows if rows is None else rows, chunks, strict=True):
+            self.history[r] += list(chunk)
+
+    def drop(self, rows):
+        for r in rows:
+            del self.history[r]
+
+    def keep(self, positions):
+        rows = self.rows
+        self.history = {rows[p]: self.history[rows[p]] for p in positions}
 
 
 def main() -> None:
@@ -95,7 +110,11 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="/tmp/agentrl-bench-kv")
+    ap.add_argument("--quick", action="store_true", help="16 episodes, 1 repeat, 1 thread: a check, not figures")
     args = ap.parse_args()
+    if args.quick:
+        args.episodes, args.repeats = 16, 1
+        torch.set_num_threads(1)  # on a shared machine, threads fighting for cores cost far more than they give
     torch.manual_seed(0)
 
     env_kw = {"locks": args.locks, "slack": 0}
@@ -113,20 +132,21 @@ def main() -> None:
     sampling = SamplingConfig(max_new_tokens=max(len(a) for ep in actions for a in ep))
 
     def run(engine_cls):
-        eng = Forced(engine_cls(policy.model, sampling, chat.stop_ids, chat.eos_id, chat.pad_id, seed=0), actions)
+        eng = engine_cls(policy.model, sampling, chat.stop_ids, chat.eos_id, chat.pad_id, seed=0, actions=actions)
         t0 = time.perf_counter()
-        eps, _ = rollout(envs, seeds, eng, chat)
+        # lockstep: every row's env answers before each generation, so both arms batch the same rows together
+        eps, _ = rollout(envs, seeds, eng, chat, schedule="lockstep")
         dt = time.perf_counter() - t0
-        assert [e.token_ids() for e in eps] == [e.token_ids() for e in recorded], "replay diverged"
+        if [e.token_ids() for e in eps] != [e.token_ids() for e in recorded]:
+            raise SystemExit(f"kv_cache: the {engine_cls.__name__} replay differs from the recorded episodes")
         return dt, eps
 
-    run(TorchEngine)  # warm-up (the first call of a fresh model is several times slower)
-    run(ReencodeEngine)
-    cached = min(run(TorchEngine)[0] for _ in range(args.repeats))
-    reenc_t, reenc_eps = min((run(ReencodeEngine) for _ in range(args.repeats)), key=lambda x: x[0])
-    _, cached_eps = run(TorchEngine)
-    lp_diff = max(abs(a - b) for x, y in zip(cached_eps, reenc_eps) for s, t in zip(x.turns, y.turns) for a,
-                  b in zip(s.logprobs, t.logprobs))
+    run(Replay)  # warm-up (the first call of a fresh model is several times slower)
+    run(Reencode)
+    cached, cached_eps = min((run(Replay) for _ in range(args.repeats)), key=lambda x: x[0])
+    reenc_t, reenc_eps = min((run(Reencode) for _ in range(args.repeats)), key=lambda x: x[0])
+    lp_diff = max(abs(a - b) for x, y in zip(cached_eps, reenc_eps) for s, t in zip(x.turns, y.turns)
+                  for a, b in zip(s.logprobs, t.logprobs))
     turns = sum(e.num_turns for e in recorded) / len(recorded)
     result = {
         "benchmark": "kv_cache_across_turns",
@@ -141,6 +161,9 @@ def main() -> None:
         "reencode_tokens_per_s": round(n_tokens / reenc_t, 1),
         "max_logprob_diff": lp_diff,
         "ratio": round(reenc_t / cached, 3),
+        "quick": args.quick,
+        "threads": torch.get_num_threads(),
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
     }
     print(f"{args.episodes} Vault episodes at {args.locks} locks ({turns:.0f} turns each): KV cache kept across turns "
           f"{result['cached_tokens_per_s']:.0f} action tokens/s, re-encoding each turn "
