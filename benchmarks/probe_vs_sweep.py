@@ -101,12 +101,15 @@ def regrets(sweep: dict[str, Any], picks: dict[str, str]) -> dict[str, dict[str,
     return out
 
 
-def probe_sweep(sweep: dict[str, Any], th: Any, groups: int, out: Path, label: str) -> list[dict[str, Any]]:
+def probe_sweep(sweep: dict[str, Any], th: Any, groups: int, out: Path, label: str,
+                probed: dict[tuple[str, str], dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Probe every horizon of `sweep` with thresholds `th`: one row per horizon, with the probed statistics
-    (so that other thresholds can be re-applied to them) and how the pick compares with the sweep."""
+    (so that other thresholds can be re-applied to them) and how the pick compares with the sweep. `probed`
+    ((family, horizon key) -> an earlier row, `--probed`): reuse that row's statistics instead of rolling
+    out again (they depend on the warm start only, not on the sweep's runs)."""
     from agentrl.horizon_report import write_report
     from agentrl.policy import Policy
-    from agentrl.probe import probe_env, summarize_sweep
+    from agentrl.probe import ProbeStats, probe_env, recommend, summarize_sweep
     from agentrl.stages.sft import warm_start
 
     family = FAMILIES[sweep.get("family", "vault")]
@@ -121,14 +124,19 @@ def probe_sweep(sweep: dict[str, Any], th: Any, groups: int, out: Path, label: s
             continue
         env_kw = family.env_kwargs(n, h["slack"])
         cfg = train_config(family.env_id, env_kw, h["demos"], h.get("sft_batch", 32), h["noise"], sargs)
-        folder = warm_start(cfg.env.id, env_kw, cfg.tiny, cfg.sft, seed=0)
         t1 = time.perf_counter()
-        result = probe_env(cfg, groups=groups, policy=Policy.load(folder), thresholds=th)
-        write_report(result, out / label / f"{knob}{n}")
+        earlier = (probed or {}).get((family.name, key))
+        if earlier is not None:
+            s, budget = ProbeStats.model_validate(earlier["stats"]), earlier["budget_episodes"]
+            rec, _ = recommend(s, th, budget)
+        else:
+            folder = warm_start(cfg.env.id, env_kw, cfg.tiny, cfg.sft, seed=0)
+            result = probe_env(cfg, groups=groups, policy=Policy.load(folder), thresholds=th)
+            write_report(result, out / label / f"{knob}{n}")
+            rec, s, budget = result.recommendation, result.stats, result.budget_episodes
         m = measured[float(h["max_turns"])]
-        rec, s = result.recommendation, result.stats
         rows.append({"family": family.name, "key": key, "knob": knob, "size": n, "max_turns": h["max_turns"],
-                     "warm_start_pass_rate": h.get("warm_start_pass_rate"), "budget_episodes": result.budget_episodes,
+                     "warm_start_pass_rate": h.get("warm_start_pass_rate"), "budget_episodes": budget,
                      "stats": s.model_dump(), "rule": rec.rule, "recommended": rec.algo, "best": m.best,
                      "means": m.means, "spread": m.spread, "within": m.within, "agree": rec.algo in m.within,
                      "probe_s": round(time.perf_counter() - t1, 1)})
@@ -194,6 +202,8 @@ def main() -> None:
                     "size)")
     ap.add_argument("--out", default="runs/probe-vs-sweep", help="a horizon report per horizon")
     ap.add_argument("--json-out", help="write every figure (probed statistics, picks, regrets) to this file")
+    ap.add_argument("--probed", metavar="JSON", help="a --json-out of an earlier run: reuse its probed statistics "
+                    "(same warm starts) instead of rolling out again, e.g. after more runs were added to a sweep")
     args = ap.parse_args()
     if args.recalibrate and not args.holdout:
         ap.error("--recalibrate needs --holdout (the second sweep to calibrate on)")
@@ -210,8 +220,13 @@ def main() -> None:
     console = Console(width=220)
     t0 = time.perf_counter()
     cal_title = f"thresholds from {path}: cut-off {th.horizon_cutoff}, candidates {th.turn_level_candidates}"
+    probed = None
+    if args.probed:
+        earlier = json.loads(Path(args.probed).read_text())
+        probed = {(r["family"], r["key"]): r for k in ("rows", "holdout_rows", "calibration_rows")
+                  for r in earlier.get(k, [])}
     if not args.holdout:
-        rows = probe_sweep(sweep, th, args.groups, out, sweep.get("family", "vault"))
+        rows = probe_sweep(sweep, th, args.groups, out, sweep.get("family", "vault"), probed)
         console.print(agreement_table(rows, f"probe vs sweep ({cal_title})"))
         agree = sum(r["agree"] for r in rows)
         record = {"benchmark": "probe_vs_sweep", "sweep": str(path), "sweep_started": sweep.get("started"),
@@ -227,7 +242,9 @@ def main() -> None:
 
     hpath = Path(args.holdout)
     held = json.loads(hpath.read_text())
-    held_rows = probe_sweep(held, th, args.groups, out, f"holdout-{held.get('family', 'vault')}")
+    held_rows = probe_sweep(held, th, args.groups, out, f"holdout-{held.get('family', 'vault')}", probed)
+    if args.json_out:  # the probed statistics first: what --probed reuses, kept even if what follows fails
+        Path(args.json_out).write_text(json.dumps({"holdout_rows": held_rows}, indent=1) + "\n")
     picks = {r["key"]: r["recommended"] for r in held_rows}
     reg = regrets(held, picks)
     console.print(agreement_table(held_rows, f"out of sample: probe on {hpath} ({cal_title})"))
@@ -256,7 +273,7 @@ def main() -> None:
         both_path = hpath.with_name("probe_vs_sweep_thresholds_both.json")
         both_path.write_text(json.dumps(both_rec, indent=2) + "\n")
         th2 = thresholds_from_sweep(merged, source=str(merged_path))
-        cal_rows = probe_sweep(sweep, th, args.groups, out, f"calibration-{sweep.get('family', 'vault')}")
+        cal_rows = probe_sweep(sweep, th, args.groups, out, f"calibration-{sweep.get('family', 'vault')}", probed)
         both_title = f"thresholds from both: cut-off {th2.horizon_cutoff}, candidates {th2.turn_level_candidates}"
         re_held, re_cal = repick(held_rows, th2), repick(cal_rows, th2)
         console.print(agreement_table(cal_rows, f"in sample: probe on {path} ({cal_title})"))
