@@ -811,8 +811,9 @@ class ServeEnvCommand(Strict):
     host: str = Field("127.0.0.1", description="The address to listen on; 127.0.0.1 keeps the env off the network "
                       "(0.0.0.0 serves every interface: a served env runs the tools a client asks for).")
     port: int = Field(8000, ge=0, le=65535, description="The port (OpenEnv's usual 8000); 0 takes a free one.")
-    max_sessions: int = Field(64, ge=1, description="Concurrent OpenEnv sessions (one env instance each); 64 matches "
-                              "the rollout's default of 64 env workers.")
+    max_sessions: int = Field(256, ge=1, description="Concurrent OpenEnv sessions (one env instance each). A training "
+                              "run holds one per rollout env and one per held-out env (the defaults: 64 + 128), so 256 "
+                              "serves `agentrl train` on its defaults with room for a second client.")
 
 
 def cmd_serve_env(argv: Sequence[str]) -> int:

@@ -132,7 +132,7 @@ class _ClosedByClient(logging.Filter):
         return True
 
 
-def build_app(env_id: str, kwargs: dict[str, Any] | None = None, max_sessions: int = 64) -> Any:
+def build_app(env_id: str, kwargs: dict[str, Any] | None = None, max_sessions: int = 256) -> Any:
     """The FastAPI app that serves `env_id` (built once here, so that a bad id fails before serving)."""
     kwargs = dict(kwargs or {})
     log = logging.getLogger("uvicorn.error")
@@ -160,7 +160,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def serve(env_id: str, kwargs: dict[str, Any] | None = None, host: str = "127.0.0.1", port: int = 8000,
-          max_sessions: int = 64, on_ready: Any = None) -> None:
+          max_sessions: int = 256, on_ready: Any = None) -> None:
     """Serve until interrupted. `on_ready(url)` is called once the socket listens (the CLI prints it)."""
     import uvicorn
 
