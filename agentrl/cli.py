@@ -341,6 +341,9 @@ def cmd_train(argv: Sequence[str]) -> int:
     if flags.num_processes > 1:
         if launched():
             raise UsageError("--num-processes: this process is already one of a multi-process launch; drop the flag")
+        if cfg.rollout.max_staleness:
+            raise UsageError("--num-processes: rollout.max_staleness > 0 runs in one process (its rollout thread and "
+                             "the ranks' exchanges would share one process group); use max_staleness 0 with several")
         if cfg.rollout.groups < flags.num_processes:
             raise UsageError(f"--num-processes {flags.num_processes}: rollout.groups is {cfg.rollout.groups}; each "
                              "process rolls out whole groups, so give it at least one group per process")
