@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def launched() -> bool:
@@ -101,6 +103,21 @@ class Ranks:
         failed = [(r, e) for r, e in enumerate(errors) if e is not None]
         if failed and error is None:
             raise RankError(f"{where}: rank {failed[0][0]} of {self.world} failed: {failed[0][1]}")
+
+    def together(self, where: str, step: Callable[[], T]) -> T:
+        """Run `step` on this rank and meet the others after it (`agree`): if it raises on any rank, every rank
+        raises, this one its own exception."""
+        try:
+            out = step()
+        except Exception as e:
+            self.agree(e, where)
+            raise
+        self.agree(None, where)
+        return out
+
+    def gather_lists(self, items: list[Any]) -> list[Any]:
+        """Every rank's list, concatenated in rank order, on every rank."""
+        return [x for part in self.gather(items) for x in part]
 
     def barrier(self) -> None:
         if self.world > 1:

@@ -111,21 +111,17 @@ def evaluate(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig | None, 
     envs = [make(cfg.env.id, **kwargs) for _ in range(lo, hi)]
     seeds = [cfg.eval.seed_offset + i for i in range(lo, hi)]
     engine = make_engine(cfg, policy, sampling, seed=cfg.seed + 12345)
-    failed = None
-    try:
+
+    def roll() -> list[Episode]:
         with make_pool(cfg.rollout.env_workers, cfg.rollout.tool_timeout, cfg.rollout.tool_timeouts) as pool:
-            episodes, _ = rollout(envs, seeds, engine, policy.chat, max_context=max_context,
-                                  max_new_tokens=sampling.max_new_tokens, workers=pool,
-                                  max_batch_rows=cfg.rollout.max_batch_rows, schedule=cfg.rollout.schedule,
-                                  row_offset=lo)
-    except Exception as e:  # the other ranks must hear of it, or they wait in the gather below
-        failed = e
-    if ranks is not None:
-        ranks.agree(failed, "held-out evaluation")
-    if failed is not None:
-        raise failed
-    if ranks is not None:
-        episodes = [e for part in ranks.gather(episodes) for e in part]
+            return rollout(envs, seeds, engine, policy.chat, max_context=max_context,
+                           max_new_tokens=sampling.max_new_tokens, workers=pool,
+                           max_batch_rows=cfg.rollout.max_batch_rows, schedule=cfg.rollout.schedule, row_offset=lo)[0]
+
+    if ranks is None:
+        episodes = roll()
+    else:  # a failure on one rank is raised on all, or the others would wait in the gather
+        episodes = ranks.gather_lists(ranks.together("held-out evaluation", roll))
     _raise_on_errors(episodes, None)
     return EvalResult(
         pass_rate=float(np.mean([e.passed for e in episodes])),
@@ -184,15 +180,8 @@ class Trainer:
                              "process rolls out whole groups, so give it at least one group per process")
         # one folder name for every rank: the main process's clock decides it
         self.out = Path(ranks.broadcast(cfg.out or f"runs/{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}"))
-        failed = None
-        if ranks.main:
-            try:
-                self._open_folder(resume, overwrite)
-            except Exception as e:  # said on every rank, raised here as it is
-                failed = e
-        ranks.agree(failed, f"opening the run folder {self.out}")
-        if failed is not None:
-            raise failed
+        ranks.together(f"opening the run folder {self.out}",
+                       lambda: self._open_folder(resume, overwrite) if ranks.main else None)
         if ranks.main:
             self.monitor = monitor or Monitor(self.out, total=cfg.updates, tensorboard=cfg.log.tensorboard,
                                               wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project,
@@ -465,21 +454,15 @@ class Trainer:
             self.owner.update({self.next_group + g: r for r in range(self.ranks.world)
                                for g in range(*self.ranks.block(cfg.rollout.groups, r))})
             self.next_group += cfg.rollout.groups
-            failed = None
-            try:
-                episodes, _ = rollout(self.envs, seeds, self.engine, self.policy.chat, group_ids=gids,
-                                      max_context=self.max_context,
-                                      max_new_tokens=cfg.rollout.sampling.max_new_tokens, workers=self.workers,
-                                      max_batch_rows=cfg.rollout.max_batch_rows, policy_version=version,
-                                      schedule=cfg.rollout.schedule, row_offset=lo * G)
-            except Exception as e:  # the other ranks must hear of it, or they wait in the gather below
-                failed = e
-            self.ranks.agree(failed, f"update {update}: rollout")
-            if failed is not None:
-                raise failed
+            # a failure on one rank is raised on all, or the others would wait in the gather below
+            episodes, _ = self.ranks.together(f"update {update}: rollout", functools.partial(
+                rollout, self.envs, seeds, self.engine, self.policy.chat, group_ids=gids, max_context=self.max_context,
+                max_new_tokens=cfg.rollout.sampling.max_new_tokens, workers=self.workers,
+                max_batch_rows=cfg.rollout.max_batch_rows, policy_version=version, schedule=cfg.rollout.schedule,
+                row_offset=lo * G))
             name = f"update_{update:05d}_{attempt}" + (f".rank{self.ranks.rank}" if self.ranks.world > 1 else "")
             path = TrajectoryStore(episodes).save(self.out / "store" / f"{name}.parquet")  # this rank's shard
-            episodes = [e for part in self.ranks.gather(episodes) for e in part]  # the whole update, in group order
+            episodes = self.ranks.gather_lists(episodes)  # the whole update, in group order
             _raise_on_errors(episodes, path.parent if self.ranks.world > 1 else path)
             all_eps += episodes
             if not resample:
