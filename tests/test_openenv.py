@@ -176,9 +176,10 @@ def test_rollout_marks_episodes_errored_when_the_server_dies(vault_policy):
             return chat.action_ids(clue(1))
 
         started = time.monotonic()
-        episodes, _ = rollout(envs, [0, 1, 2], ScriptedEngine(act, chat.eos_id), chat)
+        # lockstep: no row runs ahead (and finishes) while a slow server still answers the others' resets
+        episodes, _ = rollout(envs, [0, 1, 2], ScriptedEngine(act, chat.eos_id), chat, schedule="lockstep")
         assert time.monotonic() - started < 30
-        assert all(e.error is not None and server.url in e.error for e in episodes)
+        assert all(e.error is not None and server.url in e.error for e in episodes), [e.error for e in episodes]
         assert sum(e.num_turns for e in episodes) >= 1  # what was played before the death is kept
     finally:
         server.stop()
