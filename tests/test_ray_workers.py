@@ -136,8 +136,12 @@ def test_close_kills_the_actors_and_leaves_ray_running():
     actors = list(pool.actors)
     assert ray.get(actors[0].abandoned.remote()) == 0
     pool.close()
+    # ray.kill is asynchronous: a call sent at once may still be served; the actor must be gone within 30 s
+    deadline = time.monotonic() + 30
     with pytest.raises(ray.exceptions.RayActorError):
-        ray.get(actors[0].abandoned.remote(), timeout=30)
+        while time.monotonic() < deadline:
+            ray.get(actors[0].abandoned.remote(), timeout=30)
+            time.sleep(0.1)
     with pytest.raises(RuntimeError, match="submit after close"):
         pool.submit(0, None, "step", "x")
     assert ray.is_initialized()  # the next pool (an evaluation's) reuses it
