@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import gymnasium as gym
 import pytest
@@ -117,3 +118,34 @@ def test_train_accepts_a_gym_id(capsys):
     assert "no scripted expert" in capsys.readouterr().err
     assert cli.main(["train", "--env.id", "gym:NoSuchEnv-v0"]) == 2
     assert "gymnasium cannot build it" in capsys.readouterr().err
+
+
+def test_a_module_id_imports_from_the_current_folder(tmp_path, monkeypatch):
+    # `agentrl train --env gym:games.parrot:Parrot-v0` from the folder holding games/: a console script
+    # does not put that folder on sys.path, and gymnasium imports the module by name only
+    (tmp_path / "games").mkdir()
+    (tmp_path / "games" / "__init__.py").write_text("")
+    (tmp_path / "games" / "parrot.py").write_text(
+        "import gymnasium as gym\n"
+        "from gymnasium import spaces\n"
+        "class Parrot(gym.Env):\n"
+        "    observation_space = action_space = spaces.Text(max_length=20)\n"
+        "    def reset(self, *, seed=None, options=None):\n"
+        "        super().reset(seed=seed)\n"
+        "        return 'say hi', {}\n"
+        "    def step(self, action):\n"
+        "        return 'ok', float(action == 'hi'), True, False, {}\n"
+        "gym.register('TestParrotCwd-v0', entry_point='games.parrot:Parrot')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "games", raising=False)
+    try:
+        env = make("gym:games.parrot:TestParrotCwd-v0")
+        assert env.reset(seed=0)[0] == "say hi"
+        assert env.step(act("hi"))[1] == 1.0
+        with pytest.raises(ValueError, match="cannot import 'nogames.parrot'"):
+            make("gym:nogames.parrot:TestParrotCwd-v0")
+    finally:
+        gym.registry.pop("TestParrotCwd-v0", None)
+        for name in ("games", "games.parrot"):
+            sys.modules.pop(name, None)

@@ -21,13 +21,14 @@ source's ``reset`` or ``step`` is an `EnvError` naming the env, episode and turn
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated, Any
 
 import gymnasium as gym
 from gymnasium import spaces
 from pydantic import AfterValidator, ConfigDict, create_model
 
-from agentrl.core import AgentEnv, EnvError, Tool
+from agentrl.core import AgentEnv, EnvError, Tool, _import_from_cwd
 
 DEFAULT_MAX_TURNS = 16
 
@@ -59,6 +60,15 @@ class GymTextEnv(AgentEnv):
     def __init__(self, env: str | gym.Env, max_turns: int | None = None, system_prompt: str | None = None,
                  **kwargs: Any):
         if isinstance(env, str):
+            module, _, _name = env.rpartition(":")
+            if module and module not in sys.modules:
+                # gymnasium imports `module` by name only; console scripts (`agentrl ...`) and `python
+                # path/to/script.py` leave the current folder off sys.path, so import it from there first
+                try:
+                    _import_from_cwd(module)
+                except ModuleNotFoundError as e:
+                    raise ValueError(f"gym:{env}: cannot import {module!r} ({e}); run from the folder that holds "
+                                     "it or add that folder to PYTHONPATH") from e
             try:
                 inner = gym.make(env, **kwargs)
             except gym.error.Error as e:
