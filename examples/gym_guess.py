@@ -1,8 +1,8 @@
 """A plain gymnasium text game, trained through `gym:` without agentrl code in the env.
 
     python examples/gym_guess.py --demos demos.jsonl         # noisy binary-search demonstrations (TRL format)
-    agentrl sft --env gym:examples.gym_guess:GuessNumber-v0 --data demos.jsonl --out runs/guess-sft
-    agentrl train --env gym:examples.gym_guess:GuessNumber-v0 --model runs/guess-sft --algo grpo --updates 15
+    agentrl sft --env gym:examples.gym_guess:GuessNumber-v0 --data demos.jsonl --sft.epochs 12 --out runs/guess-sft
+    agentrl train --env gym:examples.gym_guess:GuessNumber-v0 --model runs/guess-sft --algo grpo --updates 40
 
 The game: guess a secret number from 1 to 16 in at most 4 guesses; each wrong guess is answered "too
 low" or "too high". Binary search wins 15 of 16 games. The environment is an ordinary `gymnasium.Env`
@@ -10,6 +10,10 @@ whose spaces are `gymnasium.spaces.Text` and which knows nothing of agentrl (no 
 `agentrl.make("gym:examples.gym_guess:GuessNumber-v0")` wraps it (`agentrl.adapters.gym_text`), so the
 demonstrations are written here, from outside, by playing the wrapped env with a noisy binary search.
 Run from the repository root (the id imports `examples.gym_guess`, which registers it).
+
+The defaults are what lifted the tiny policy (README, "Environments from the ecosystem"): 2,000
+demonstrations of a search that slips on half its guesses (it wins 0.71) and 12 epochs of SFT put the
+warm start at 0.61; 4 epochs left it at 0.42, guessing nearly at random, and RL from there did not rise.
 """
 
 from __future__ import annotations
@@ -76,8 +80,8 @@ def demonstrations(episodes: int, noise: float, seed: int = 0) -> tuple[list[dic
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--demos", required=True, help="JSONL file to write")
-    ap.add_argument("--episodes", type=int, default=1000)
-    ap.add_argument("--noise", type=float, default=1.0, help="chance per guess of a random possible number")
+    ap.add_argument("--episodes", type=int, default=2000)
+    ap.add_argument("--noise", type=float, default=0.5, help="chance per guess of a random possible number")
     args = ap.parse_args()
     rows, rate = demonstrations(args.episodes, args.noise)
     with open(args.demos, "w") as f:

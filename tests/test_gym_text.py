@@ -149,3 +149,23 @@ def test_a_module_id_imports_from_the_current_folder(tmp_path, monkeypatch):
         gym.registry.pop("TestParrotCwd-v0", None)
         for name in ("games", "games.parrot"):
             sys.modules.pop(name, None)
+
+
+def test_the_guess_example_writes_demonstrations_from_a_plain_script(tmp_path):
+    # the README's first command for the gym: adapter, run as a user would (no PYTHONPATH, the repo root as cwd)
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = tmp_path / "demos.jsonl"
+    done = subprocess.run([sys.executable, "examples/gym_guess.py", "--demos", str(out), "--episodes", "20"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 20
+    for row in rows:  # TRL's conversational format: user, then assistant tool calls answered by tool messages
+        roles = [m["role"] for m in row["messages"]]
+        assert roles[0] == "user" and roles[-1] == "assistant" and 1 <= roles.count("assistant") <= 4
+        assert row["reward"] in (0.0, 1.0)
