@@ -76,3 +76,22 @@ def test_not_winning_is_a_zero_and_slips_cost_turns():
     assert truncated and not terminated and reward == 0.0
     noisy = [play(env, s, noise=0.9) for s in range(4)]
     assert noisy == [play(env, s, noise=0.9) for s in range(4)] and sum(r for r, *_ in noisy) < 4
+
+
+def test_envs_in_a_thread_pool_load_and_play_games_at_once():
+    # TextWorld parses a game's logic with one shared parser object: two envs loading at once (a thread pool,
+    # the default rollout workers) corrupted its state (IndexError deep in tatsu) before loads were serialised
+    from concurrent.futures import ThreadPoolExecutor
+
+    envs = [TextWorldEnv(quest_length=1, games=2) for _ in range(12)]
+
+    def episode(i):
+        env = envs[i]
+        return play(env, seed=i)
+
+    with ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(episode, range(12)))
+    with ThreadPoolExecutor(12) as pool:  # twice: the second round loads games that other envs hold open
+        again = list(pool.map(episode, range(12)))
+    assert results == again
+    assert all(reward == 1.0 and terminated for reward, _, terminated in results)

@@ -20,6 +20,7 @@ import json
 import os
 import re
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,9 @@ import gymnasium
 from agentrl.core import AgentEnv
 
 INSTALL_HINT = "TextWorld games need the textworld package: pip install 'agentrl[textworld]'"
+# TextWorld parses a game's logic with one module-level parser whose state is not per call: two envs making or
+# loading a game at once (the default thread pool) corrupt it. Both are serialised; steps run concurrently.
+_LOADING = threading.Lock()
 
 
 def cache_folder() -> Path:
@@ -57,7 +61,9 @@ def make_game_file(quest_length: int, rooms: int, objects: int, seed: int) -> Pa
     options = tw.GameOptions()
     options.seeds = seed
     options.quest_length, options.nb_rooms, options.nb_objects = quest_length, rooms, objects
-    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp, _LOADING:  # the generator parses game logic too
+        if path.exists() and path.with_suffix(".json").exists():  # made by another thread while this one waited
+            return path
         options.path = str(Path(tmp) / path.name)
         game = tw.generator.make_game(options)
         compiled = Path(tw.generator.compile_game(game, options))
@@ -102,14 +108,15 @@ class TextWorldEnv(AgentEnv):
         super().reset(seed=seed)
         index = int(self.np_random.integers(self.games))
         game_file = make_game_file(self.quest_length, self.rooms, self.objects, 1000 * self.pool_seed + index)
-        if game_file != self.game_file:
-            if self.game is not None:
-                self.game.close()
-            with warnings.catch_warnings():  # jericho: "not fully supported, score disabled"; TextWorld's infos score
-                warnings.simplefilter("ignore")
-                self.game = self.tw.start(str(game_file), request_infos=self.infos)
-            self.game_file = game_file
-        self.state = self.game.reset()
+        with _LOADING:  # reset (re)loads the game file: the parse happens here, not in start
+            if game_file != self.game_file:
+                if self.game is not None:
+                    self.game.close()
+                with warnings.catch_warnings():  # jericho: "not fully supported, score disabled"; TextWorld's score
+                    warnings.simplefilter("ignore")
+                    self.game = self.tw.start(str(game_file), request_infos=self.infos)
+                self.game_file = game_file
+            self.state = self.game.reset()
         self._walkthrough_length = len(self.state["policy_commands"])
         return _readable(self.state.feedback), {"task_id": game_file.stem, "state_key": self.state_key()}
 
