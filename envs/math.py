@@ -25,6 +25,7 @@ from typing import Any
 import gymnasium
 
 from agentrl.core import AgentEnv
+from agentrl.pyparse import parse
 from agentrl.verify.math import MathTask, MathVerifier
 
 NAMES = ["Ann", "Ben", "Cy", "Dee", "Eli", "Fay"]
@@ -63,7 +64,7 @@ def calculate(expression: str) -> Fraction:
         raise ValueError("only numbers, + - * / and parentheses are allowed")
 
     try:
-        tree = ast.parse(expression.replace("^", "**"), mode="eval")
+        tree = parse(expression.replace("^", "**"), mode="eval")
     except SyntaxError as e:
         raise ValueError(f"not an expression ({e.msg})") from None
     return ev(tree)

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from agentrl.pyparse import parse
 from agentrl.verify.base import NotVerifiable, Verdict, VerifierError, register_verifier
 from agentrl.verify.sandbox import Sandbox, SandboxError, SandboxPool, TestCase, TestRunResult, default_sandbox
 
@@ -140,7 +141,7 @@ def split_check(test_src: str) -> tuple[str, list[TestCase]]:
     >>> pre.strip(), [(c.code, c.setup) for c in cases]
     ('X = 1', [('import math', True), ('assert candidate(1) == 2', False)])
     """
-    module = ast.parse(test_src)
+    module = parse(test_src)
     preamble, cases = [], []
     for node in module.body:
         if isinstance(node, ast.FunctionDef) and node.name == "check":
