@@ -12,7 +12,10 @@ wrong, or returns a note worth reading when it passes (e.g. whether the env has 
 from __future__ import annotations
 
 import json
+import pickle
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,6 +135,49 @@ def check_determinism(env: AgentEnv) -> None:
         assert a == b, f"seed {seed}: two episodes with the same seed and actions differ"
 
 
+THREADS = 4  # copies at once: enough to show a shared-state race, few enough for a small server's sessions
+THREAD_HINT = ("the default rollout workers are threads (rollout.env_workers thread:64), so separate env instances "
+               "step at once: guard state that instances share (a module-level object of a library, a shared file) "
+               "with a lock, as agentrl's TextWorld adapter does, or run this env with rollout.env_workers process:N")
+
+
+def check_threads(env: AgentEnv) -> str | None:
+    """Copies of the env, each playing its own seed in a thread, all at once (twice), give the episodes that
+    each plays alone. Passing cannot prove thread safety (a race may not show in 16 episodes); failing
+    means the env, or a library under it, shares state between instances."""
+    try:
+        copies = [pickle.loads(pickle.dumps(env)) for _ in range(THREADS)]  # how a process pool copies it too
+    except Exception as e:  # any failure to copy only means this check cannot run
+        return f"skipped: the env cannot be pickled ({type(e).__name__}: {e}), so it runs in threads only"
+    actor = _expert(env) or (lambda e: GARBAGE)
+    start = threading.Barrier(THREADS)
+
+    def play(i: int) -> list[tuple[Any, ...]]:
+        start.wait()
+        return _roll(copies[i], 100 + i, actor)
+
+    try:
+        alone = [_roll(c, 100 + i, actor) for i, c in enumerate(copies)]
+        with ThreadPoolExecutor(THREADS) as pool:
+            for _ in range(2):
+                futures = [pool.submit(play, i) for i in range(THREADS)]
+                for i, future in enumerate(futures):
+                    try:
+                        together = future.result()
+                    except Exception as e:
+                        raise AssertionError(f"seed {100 + i} raised {type(e).__name__}: {e} when {THREADS} copies "
+                                             f"played at once, not when it played alone: {THREAD_HINT}") from e
+                    assert together == alone[i], (f"seed {100 + i}: the episode differs when {THREADS} copies play "
+                                                  f"at once: {THREAD_HINT}")
+    finally:
+        for c in copies:  # a copy may hold a session, a game or a process of its own
+            try:
+                c.close()
+            except Exception:  # closing is best effort; the check's verdict is above
+                pass
+    return None
+
+
 def check_expert(env: AgentEnv) -> str:
     """Not a requirement; says plainly what the env's expert (or its absence) enables."""
     if not has_expert(env):
@@ -157,6 +203,7 @@ CHECKS = [
     check_turn_budget_truncates,
     check_step_after_end_raises,
     check_determinism,
+    check_threads,
     check_expert,
     check_expert_finishes,
 ]

@@ -61,3 +61,56 @@ def test_cli_check_env(capsys):
     assert main(["check-env", "test_checker:Sloppy"]) == 1
     assert "FAIL" in capsys.readouterr().out
     assert main(["check-env", "no_such_module:Env"]) == 2
+
+
+_SHARED: list[str] = []  # one scratch list for every instance: the bug check_threads looks for
+
+
+class Echo(AgentEnv):
+    """Repeats the word it is told; `shared=True` passes the word through module state, as a library with a
+    module-level buffer would."""
+
+    max_turns = 3
+
+    def __init__(self, shared: bool = False):
+        super().__init__()
+        self.shared = shared
+
+    def say(self, word: str) -> str:
+        """Say a word."""
+        if not self.shared:
+            return f"you said {word}"
+        import time
+
+        _SHARED.clear()
+        _SHARED.append(word)
+        time.sleep(0.002)  # another instance's call lands here
+        return f"you said {_SHARED[-1]}"
+
+    tools = [say]
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.word = f"w{int(self.np_random.integers(1000))}"
+        return f"say {self.word}", {}
+
+    def expert_action(self, noise=0.0):
+        return f'<tool_call>{{"name": "say", "arguments": {{"word": "{self.word}"}}}}</tool_call>'
+
+    def verify(self):
+        return 1.0
+
+
+def test_threads_check_catches_state_shared_between_instances():
+    results = {r.name: r for r in check_env(Echo, shared=True)}
+    assert not results["threads"].ok
+    assert "differs when 4 copies play at once" in results["threads"].message
+    assert "process:N" in results["threads"].message
+    assert {r.name for r in check_env(Echo, shared=False) if not r.ok} == set()
+
+
+def test_threads_check_skips_an_env_that_cannot_be_pickled():
+    env = Echo()
+    env.lock = __import__("threading").Lock()  # not picklable
+    result = next(r for r in check_env(env) if r.name == "threads")
+    assert result.ok and result.message.startswith("skipped: the env cannot be pickled")

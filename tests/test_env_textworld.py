@@ -95,3 +95,14 @@ def test_envs_in_a_thread_pool_load_and_play_games_at_once():
         again = list(pool.map(episode, range(12)))
     assert results == again
     assert all(reward == 1.0 and terminated for reward, _, terminated in results)
+
+
+def test_a_pickled_copy_plays_its_own_game():
+    # how a process pool (rollout.env_workers process:N) receives the env: the module and the running game stay behind
+    import pickle
+
+    env = TextWorldEnv(quest_length=1, games=2)
+    first = play(env, seed=3)
+    copy = pickle.loads(pickle.dumps(env))
+    assert copy.game is None and copy.tw is env.tw
+    assert play(copy, seed=3) == first

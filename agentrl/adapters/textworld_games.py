@@ -169,8 +169,12 @@ class TextWorldEnv(AgentEnv):
     def __getstate__(self) -> dict[str, Any]:
         # the running game is an interpreter this process holds: a copy in another process starts its own
         state = super().__getstate__()
-        state.update(game=None, game_file=None, state=None)  # a copy resets before it steps
+        state.update(game=None, game_file=None, state=None, tw=None)  # a copy resets before it steps
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.tw = _textworld()  # the module itself does not pickle
 
 
 def _call(name: str, **arguments: Any) -> str:
