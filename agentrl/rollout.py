@@ -35,7 +35,6 @@ class RolloutStats:
     seconds: float = 0.0
     tool_timeouts: int = 0
     generate_calls: int = 0  # batched generations (with per-row readiness, more than the turns of the longest episode)
-    staggered: int = 0  # generations that took half the ready rows, to overlap the other half with slow tools
 
     @property
     def tokens_per_second(self) -> float:
@@ -110,13 +109,6 @@ class _Driver:
         self.admitted = 0  # episodes that have entered the session
         self.left = n  # episodes not yet ended
         self.stats = RolloutStats()
-        # timing, for when to generate (it never changes what is generated)
-        self.last_generate = 0.0  # seconds the last generation took
-        self.last_rows = 0  # and over how many rows
-        self.fixed_s = 0.0  # what one more generation costs whatever its rows (the session's cost model)
-        self.tool_s: float | None = None  # recent env step latency, submit to completion (moving average)
-        self.sent: dict[cf.Future, float] = {}  # step futures in flight: when each was submitted
-        self.took: dict[cf.Future, float] = {}  # and how long each took, set as it completes
 
     def run(self) -> tuple[list[Episode], RolloutStats]:
         t0 = time.perf_counter()
@@ -128,6 +120,7 @@ class _Driver:
         queue = collections.deque(range(n))  # admitted in order, so groups enter together
         self.session = self.engine.open([])
         self.prompts = prompts
+        last_generate = 0.0
         while self.left:
             while queue and self.live < self.max_rows and queue[0] in prompts:
                 row = queue.popleft()
@@ -135,17 +128,14 @@ class _Driver:
                 self.live += 1
                 self.admitted += 1
                 self._make_ready(row)
-            if self.ready and self._should_generate():
+            if self.ready and self._should_generate(last_generate):
                 started = time.perf_counter()
-                rows = self._cohort()
-                self.session.start([row + self.offset for row in rows])
-                self.ready = [row for row in self.ready if row not in set(rows)]  # the rest go next
+                self.session.start([row + self.offset for row in self.ready])
+                self.ready = []
                 for row, gen in self.session.collect():
                     self._act(row - self.offset, gen)
                 self.stats.generate_calls += 1
-                self.last_generate, self.last_rows = time.perf_counter() - started, len(rows)
-                share = getattr(self.session, "fixed_share", None)
-                self.fixed_s = self.last_generate * (share(len(rows)) if share is not None else 1.0)
+                last_generate = time.perf_counter() - started
                 continue
             if not self.in_flight:
                 if self.ready:
@@ -153,7 +143,7 @@ class _Driver:
                 raise RuntimeError("rollout: episodes left but nothing to generate or wait for")  # a bug, not an input
             # wait for the next answer, but not past the moment the ready rows should go anyway
             timeout = None if not self.ready or self.lockstep else max(0.0, self.ready_since
-                                                                       + self.fixed_s - time.perf_counter())
+                                                                       + last_generate - time.perf_counter())
             done, _ = cf.wait(self.in_flight, timeout=timeout, return_when=cf.FIRST_COMPLETED)
             for future in done:
                 self._answer(future)
@@ -167,39 +157,18 @@ class _Driver:
         self.stats.tool_timeouts = sum(e.tool_timeouts for e in episodes)
         return episodes, self.stats
 
-    def _should_generate(self) -> bool:
+    def _should_generate(self, last_generate: float) -> bool:
         """Generate now, or wait for rows whose env is still busy so that they share the batch?
-        Go when nobody is waiting on an env, or when the oldest ready row has waited as long as a
-        separate generation would cost on top of a shared one: the part of the last generation's time
-        that does not grow with its rows (`fixed_s`, from the session's cost model). Waiting longer
-        than that costs the ready rows more than the shared forward saves. On an accelerator a forward
-        costs nearly the same for any rows, so that is the whole generation's time; on a CPU, about a
-        tenth of it."""
+        Go when nobody is waiting on an env, or when the oldest ready row has waited as long as the
+        last generation took: a tool faster than a generation never splits the batch (a forward
+        costs nearly the same for half the rows), a slow one delays the ready rows by at most one
+        generation's time."""
         if self.lockstep:  # every env call answered first: which rows share a forward never depends on timing
             return not self.in_flight
         if not self.session.turn_level:
             return True  # the engine's own scheduler joins rows into its running batch
         waiting = any(kind != "reset" for kind, _ in self.in_flight.values())
-        return not waiting or time.perf_counter() - self.ready_since >= self.fixed_s
-
-    def _cohort(self) -> list[int]:
-        """The ready rows to generate now: all of them, or the first half of them when every live row
-        is ready at once and staggering pays. Rows in lockstep with an equally slow tool stay in
-        lockstep, so each turn costs a generation plus the tool's wait. Two halves, the second generated
-        while the first one's tools run, cost a turn of max(2 a + b, a + b / 2 + tool) instead of
-        a + b + tool (a: `fixed_s`; b: the rows' share of the last generation); that pays when the
-        tool takes longer than `a`. The halves then keep apart: a ready row waits only `fixed_s`."""
-        ready = self.ready
-        if (self.lockstep or self.tool_s is None or len(ready) < 2 or not self.last_rows
-                or self.pool.kind == "serial" or getattr(self.session, "fixed_share", None) is None
-                or any(kind == "step" for kind, _ in self.in_flight.values())):
-            return ready
-        a = self.fixed_s
-        b = max(0.0, self.last_generate - a) / self.last_rows * len(ready)
-        if max(2 * a + b, a + b / 2 + self.tool_s) >= a + b + self.tool_s:
-            return ready
-        self.stats.staggered += 1
-        return sorted(ready)[: (len(ready) + 1) // 2]
+        return not waiting or time.perf_counter() - self.ready_since >= last_generate
 
     def _make_ready(self, row: int) -> None:
         if not self.ready:
@@ -207,13 +176,7 @@ class _Driver:
         self.ready.append(row)
 
     def _submit(self, kind: str, row: int, *args: Any) -> None:
-        sent = time.perf_counter()
-        future = self.pool.submit(row, self.envs[row], kind, *args)
-        self.in_flight[future] = (kind, row)
-        if kind == "step":
-            self.sent[future] = sent
-            # timed where it completes (a worker thread), not when this loop gets to it
-            future.add_done_callback(lambda f: self.took.__setitem__(f, time.perf_counter() - sent))
+        self.in_flight[self.pool.submit(row, self.envs[row], kind, *args)] = (kind, row)
 
     def _act(self, row: int, gen: Generation) -> None:
         self.gen[row] = gen
@@ -231,10 +194,6 @@ class _Driver:
 
     def _answer(self, future: cf.Future) -> None:
         kind, row = self.in_flight.pop(future)
-        if self.sent.pop(future, None) is not None:
-            took = self.took.pop(future, None)
-            if took is not None:
-                self.tool_s = took if self.tool_s is None else 0.8 * self.tool_s + 0.2 * took
         error = future.exception()
         if error is not None and not isinstance(error, EnvError):
             raise error  # the pool failed (a worker died, a result could not be sent): not the env's doing

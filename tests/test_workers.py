@@ -137,38 +137,6 @@ def test_lockstep_threads_are_bit_identical_to_the_serial_loop(vault_policy):
         rollout(vault_envs(1), [0], greedy_engine(vault_policy), chat, schedule="whenever")
 
 
-class SlowVault(VaultEnv):
-    """Vault whose every step sleeps the same `latency`: rows stay in lockstep unless the rollout staggers them."""
-
-    latency = 0.0
-
-    def step(self, action):
-        time.sleep(self.latency)
-        return super().step(action)
-
-
-def test_a_slow_tool_staggers_the_batch_and_changes_no_episode(vault_policy, monkeypatch):
-    """A tool far slower than a generation's fixed cost: half the ready rows generate while the other half's
-    tools run (`stats.staggered`); a tool with no wait and the lockstep schedule never split. The episodes
-    (tokens at T=1, rewards) are the lockstep run's (bit-identical to the serial loop's, tested above)."""
-    chat = vault_policy.chat
-
-    def run(latency, schedule="arrival"):
-        monkeypatch.setattr(SlowVault, "latency", latency)
-        envs = [SlowVault(locks=1, slack=2) for _ in range(8)]
-        episodes, stats = rollout(envs, list(range(8)), greedy_engine(vault_policy, temperature=1.0), chat,
-                                  workers="thread:8", schedule=schedule)
-        return [(e.token_ids(), e.reward) for e in episodes], stats
-
-    reference, locked = run(0.2, "lockstep")
-    slow, slow_stats = run(0.2)
-    free, free_stats = run(0.0)
-    assert slow == reference and free == reference
-    assert slow_stats.staggered > 0
-    assert slow_stats.generate_calls > locked.generate_calls  # two halves for a turn, not one batch
-    assert free_stats.staggered == locked.staggered == 0
-
-
 def test_refill_keeps_the_batch_bounded_and_groups_whole(vault_policy, monkeypatch):
     """With a bound of 4 rows, no forward ever holds more than 4 rows, and all 12 episodes (4
     groups of 3) come back whole, in order."""

@@ -585,14 +585,6 @@ class TorchSession:
             out[s] = Generation(ids_i, logps[i][: lengths[i]], finish, hidden[i])
 
 
-    def fixed_share(self, rows: int) -> float:
-        """The part of a turn's cost over `rows` rows that does not grow with the rows, by the engine's
-        cost model (`split_cost` against rows * (`row_cost` + cache width)): what one more, smaller
-        forward costs. The rollout uses it to decide how long ready rows wait for others and whether to
-        stagger the batch around slow tools. Near 0.1 on a CPU at 64 rows; 1.0 on an accelerator."""
-        fixed = self.engine.split_cost
-        return fixed / (fixed + max(1, rows) * (self.engine.row_cost + self.cache_len))
-
     def start(self, rows: Sequence[int]) -> None:
         """Ask for the next action of `rows`; `collect()` decodes them (in one batch)."""
         self.started += list(rows)
