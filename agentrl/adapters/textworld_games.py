@@ -61,14 +61,15 @@ def make_game_file(quest_length: int, rooms: int, objects: int, seed: int) -> Pa
     options = tw.GameOptions()
     options.seeds = seed
     options.quest_length, options.nb_rooms, options.nb_objects = quest_length, rooms, objects
-    with tempfile.TemporaryDirectory(dir=path.parent) as tmp, _LOADING:  # the generator parses game logic too
+    with _LOADING:  # the generator parses game logic too
         if path.exists() and path.with_suffix(".json").exists():  # made by another thread while this one waited
             return path
-        options.path = str(Path(tmp) / path.name)
-        game = tw.generator.make_game(options)
-        compiled = Path(tw.generator.compile_game(game, options))
-        for suffix in (".json", ".z8"):  # the .z8 last: its presence says the pair is complete
-            os.replace(compiled.with_suffix(suffix), path.with_suffix(suffix))
+        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+            options.path = str(Path(tmp) / path.name)
+            game = tw.generator.make_game(options)
+            compiled = Path(tw.generator.compile_game(game, options))
+            for suffix in (".json", ".z8"):  # the .z8 last: its presence says the pair is complete
+                os.replace(compiled.with_suffix(suffix), path.with_suffix(suffix))
     return path
 
 
