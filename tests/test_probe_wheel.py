@@ -3,9 +3,10 @@
 The calibrated thresholds once lived only in `benchmarks/results/horizon_sweep.json`, which no wheel
 ships: on one store the checkout recommended steppo and a wheel grpo. They are package data now
 (`agentrl/probe/thresholds.json`, written by `python -m agentrl.probe calibrate`). This builds a wheel
-from a copy of the working tree, installs it into a fresh venv (system site-packages for the
-dependencies, no downloads) and probes the same store in both. The store sits between the packaged
-horizon cut-off (5 turns) and the literature's (30), where the two sources of thresholds disagree.
+from a copy of the working tree, installs it into a fresh venv (the running interpreter's
+site-packages for the dependencies, no downloads: tests/venvs.py) and probes the same store in both.
+The store sits between the packaged horizon cut-off (5 turns) and the literature's (30), where the
+two sources of thresholds disagree.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from venvs import make_venv
 
 from agentrl.core import Episode, Turn
 from agentrl.probe import probe_store
@@ -74,10 +76,8 @@ def install_wheel(tmp: Path) -> Path:
     )
     assert built.returncode == 0, built.stderr[-2000:]
     (wheel,) = (tmp / "wheels").glob("agentrl-*.whl")
-    made = run(sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(tmp / "venv"))
-    assert made.returncode == 0, made.stderr[-2000:]
-    python = tmp / "venv" / "bin" / "python"
-    # the system site's pip installs into the venv it is run from
+    python = make_venv(tmp / "venv")
+    # the outer pip (the system site's, or the venv's that pytest runs in) installs into the venv it is run from
     installed = run(str(python), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel))
     assert installed.returncode == 0, installed.stderr[-2000:]
     return python

@@ -102,14 +102,15 @@ def test_site_packages_checkout_home_and_data_are_invisible(markers):
 
 @needs_view
 def test_invisible_from_a_virtualenv_too(markers, tmp_path):
-    """The project installed in a venv (here one that sees the system site-packages, as many do):
-    neither the venv's site-packages nor the base interpreter's reach the candidate."""
+    """The project installed in a venv (here one that sees the system site-packages, as many do, and
+    the site-packages of the venv pytest runs in, if it does: tests/venvs.py): neither the venv's
+    site-packages nor the base interpreter's reach the candidate."""
+    from venvs import make_venv
+
     venv = tmp_path / "venv"
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True, timeout=120
-    )
+    python = make_venv(venv)
     venv_site = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True,
         text=True,
         check=True,
@@ -119,15 +120,27 @@ def test_invisible_from_a_virtualenv_too(markers, tmp_path):
     in_venv = os.path.join(venv_site, "agentrl-sandbox-venv-marker.txt")
     Path(in_venv).write_text("the hidden tests\n")
     paths = [*secrets_on_the_host(markers), in_venv, venv_site]
+    # the base interpreter's site-packages, which `markers` leaves out when pytest runs in a venv
+    base_site = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix})["purelib"]
+    in_base = os.path.join(base_site, os.path.basename(markers[0]))
+    if not os.path.exists(in_base) and os.access(base_site, os.W_OK):
+        Path(in_base).write_text("the hidden tests\n")
+        paths.append(in_base)
+    else:
+        in_base = None
     script = (
         "import json, sys\nfrom agentrl.verify.sandbox import LocalSandbox, Limits\n"
         f"sb = LocalSandbox(Limits(wall_seconds=8))\n"
         f"r = sb.run_program({LOOK.replace('PATHS', repr(json.dumps(paths)))!r})\n"
         "print(json.dumps({'python': sb.python, 'exe': sys.executable, 'stdout': r.stdout, 'stderr': r.stderr}))\n"
     )
-    out = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", script], capture_output=True, text=True, timeout=120, cwd=str(tmp_path)
-    )
+    try:
+        out = subprocess.run(
+            [str(python), "-c", script], capture_output=True, text=True, timeout=120, cwd=str(tmp_path)
+        )
+    finally:
+        if in_base:
+            os.unlink(in_base)
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.splitlines()[-1])
     assert got["exe"].startswith(str(venv)), got  # the sandbox really was driven from the venv
