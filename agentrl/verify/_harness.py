@@ -3,16 +3,18 @@
 it imports nothing from agentrl, and nothing in it is imported by the judge's callers except the
 codec (for tests).
 
-**The launcher** (`launch`) is the first thing the fresh process does, as root and single-threaded:
-join the run's memory cgroup, unshare namespaces, build the minimal file view and pivot into it,
-fork pid 1 of a new PID namespace, set rlimits, drop to the run's uid, close the status pipe, and
-only then become its role (or ``exec`` the interpreter for `run_program`). Doing this here rather
+**The launcher** (`launch`) is the first thing the fresh process does, single-threaded: join the
+run's memory cgroup, unshare namespaces (owned by a user namespace of its own when not root), fork
+pid 1 of a new PID namespace, build the minimal file view with its /proc and pivot into it, set
+rlimits, drop to the run's uid (root) or drop every capability (user namespace), forbid nested user
+namespaces, set ``no_new_privs``, close the status pipe, and only then become its role (or
+``exec`` the interpreter for `run_program`). Doing this here rather
 than in a ``preexec_fn`` matters because the sandbox is called from a thread pool: CPython
 documents ``preexec_fn`` as unsafe with threads (the forked child inherits locks other threads
 held), and it rules out ``vfork``, so every run copied the page tables of a large parent. The
 parent now only ``vfork``s and ``exec``s. (Bubblewrap would also work, but it cannot switch to a
 fresh host uid, join a cgroup or set rlimits without such a wrapper anyway, and it is one more
-package that CI and every user would need; this is ~150 lines of syscalls we can test.)
+package that CI and every user would need; this is ~200 lines of syscalls we can test.)
 
 **Why two processes** (worker and judge): if the tests ran in the same interpreter as the
 candidate, the candidate could patch ``assert`` helpers, exit with status 0 before the tests run,
@@ -369,8 +371,11 @@ def judge_main(fd_req=FD_REQUESTS, fd_rep=FD_REPLIES):
 
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 0x1000, 0x4000, 1 << 18
+_MS_NOATIME, _MS_NODIRATIME, _MS_RELATIME = 1024, 2048, 1 << 21
 _MNT_DETACH = 2
-_CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
+_CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWNET, _CLONE_NEWUSER = 0x00020000, 0x20000000, 0x40000000, 0x10000000
+_PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS = 4, 24, 38
+_MAX_USERNS = "/proc/sys/user/max_user_namespaces"
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
 
 
@@ -407,16 +412,99 @@ class _Sys:
     def umount2(self, path, flags):
         self.check(self.libc.umount2(path.encode(), flags), f"umount {path}")
 
+    def prctl(self, option, arg):
+        ct = self.ctypes
+        zero = ct.c_ulong(0)
+        self.check(self.libc.prctl(option, ct.c_ulong(arg), zero, zero, zero), f"prctl({option})")
+
+    def drop_capabilities(self):
+        """Empty the bounding set, then the effective, permitted and inheritable sets: what a user
+        namespace gave us for the set-up is gone before the role starts, and no exec brings it
+        back (``no_new_privs`` is set after)."""
+        ct = self.ctypes
+        cap = 0
+        while self.libc.prctl(_PR_CAPBSET_DROP, ct.c_ulong(cap), ct.c_ulong(0), ct.c_ulong(0), ct.c_ulong(0)) == 0:
+            cap += 1  # EINVAL past the last capability this kernel knows
+        if cap == 0:
+            self.check(-1, "prctl(PR_CAPBSET_DROP)")
+
+        class Header(ct.Structure):
+            _fields_ = [("version", ct.c_uint32), ("pid", ct.c_int)]
+
+        class Data(ct.Structure):
+            _fields_ = [("effective", ct.c_uint32), ("permitted", ct.c_uint32), ("inheritable", ct.c_uint32)]
+
+        data = (Data * 2)()  # all zero
+        self.check(self.libc.capset(ct.byref(Header(0x20080522, 0)), data), "capset")  # _LINUX_CAPABILITY_VERSION_3
+
+
+def _enter_user_namespace(sysc, flags, uid, gid):
+    """unshare(CLONE_NEWUSER | flags) and map our own uid and gid to themselves: an ordinary user
+    becomes the owner of fresh namespaces, with the capabilities to build the file view in them and
+    none over anything of the host's."""
+    sysc.unshare(_CLONE_NEWUSER | flags)
+    _write_id_maps(uid, gid)
+
+
+def _write_id_maps(uid, gid):
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        try:
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+        except OSError as e:
+            raise OSError(e.errno, f"writing {text!r} to /proc/self/{name}: {e.strerror}") from None
+
+
+def _no_nested_user_namespaces(sysc, inside):
+    """Make sure the role cannot create a user namespace of its own (a gate to kernel code that
+    otherwise needs root). Limits on user namespaces are per namespace and checked up the chain,
+    so we stand in a user namespace of ours (`inside`, or a fresh one now) and set its
+    ``max_user_namespaces`` to 0. Where we cannot make one at all, the kernel refuses ordinary
+    users user namespaces, and the role cannot make one either."""
+    if not inside:
+        uid, gid = os.getuid(), os.getgid()  # before: unmapped ids read as the overflow id after
+        try:
+            sysc.unshare(_CLONE_NEWUSER)
+        except OSError:
+            return False
+        # after setuid the kernel made us undumpable, which gives /proc/self/* to root: take it back
+        sysc.prctl(_PR_SET_DUMPABLE, 1)
+        _write_id_maps(uid, gid)
+    with open(_MAX_USERNS, "w") as f:
+        f.write("0")
+    return True
+
+
+def _kept_flags(path):
+    """The mount flags of the mount holding `path` that a read-only bind of it must keep: inside a
+    user namespace the kernel locks them (a remount that would drop ``noexec`` or change the atime
+    mode fails), and outside one keeping them is right anyway."""
+    f = os.statvfs(path).f_flag
+    out = 0
+    for st, ms in (("ST_NOEXEC", _MS_NOEXEC), ("ST_NOATIME", _MS_NOATIME), ("ST_NODIRATIME", _MS_NODIRATIME),
+                   ("ST_RELATIME", _MS_RELATIME)):
+        if f & getattr(os, st, 0):
+            out |= ms
+    return out
+
+
+def _under_tmp(path):
+    return path == "/tmp" or path.startswith("/tmp/")
+
 
 def _build_view(sysc, cfg):
     """Mount the run's whole file system: a read-only tmpfs root holding only what the plan
     names (the interpreter, its standard library and shared libraries, a few devices), an empty
-    cover over every site-packages inside them, a private /tmp, then pivot into it."""
+    cover over every site-packages inside them, a private /tmp, its own /proc (pid 1 of a fresh
+    PID namespace mounts it here, while the host's /proc is still in sight: a user namespace may
+    mount a proc only then), then pivot into it. What the plan binds under /tmp (a virtualenv
+    there, an exposed package) is bound on top of the private /tmp, read-only like the rest."""
     root = cfg["root"]
     sysc.mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing we mount reaches the host
     sysc.mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
     covers = []
-    for op in cfg["view"]:
+
+    def apply(op):
         kind, path = op[0], op[1]
         at = root + path
         if kind == "bind":  # ("bind", path, is_dir): read-only, nosuid, nodev
@@ -425,13 +513,15 @@ def _build_view(sysc, cfg):
                 os.makedirs(at, 0o755, exist_ok=True)
             else:
                 os.close(os.open(at, os.O_WRONLY | os.O_CREAT, 0o644))
+            kept = _kept_flags(path)
             sysc.mount(path, at, None, _MS_BIND)
-            sysc.mount(None, at, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+            sysc.mount(None, at, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | kept)
         elif kind == "dev":  # a character device: read-write, nosuid, noexec
             os.makedirs(os.path.dirname(at), 0o755, exist_ok=True)
             os.close(os.open(at, os.O_WRONLY | os.O_CREAT, 0o644))
+            kept = _kept_flags(path)
             sysc.mount(path, at, None, _MS_BIND)
-            sysc.mount(None, at, None, _MS_REMOUNT | _MS_BIND | _MS_NOSUID | _MS_NOEXEC)
+            sysc.mount(None, at, None, _MS_REMOUNT | _MS_BIND | _MS_NOSUID | _MS_NOEXEC | kept)
         elif kind == "cover":  # an empty directory over what the path held (read-only once built)
             sysc.mount("tmpfs", at, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "size=64k,mode=0755")
             covers.append(at)
@@ -440,9 +530,18 @@ def _build_view(sysc, cfg):
             os.symlink(op[2], at)
         else:
             raise ValueError(f"unknown view step {kind!r}")
+
+    for op in cfg["view"]:
+        if not _under_tmp(op[1]):
+            apply(op)
     os.makedirs(root + "/tmp", 0o755, exist_ok=True)
     os.makedirs(root + "/proc", 0o555, exist_ok=True)
     sysc.mount("tmpfs", root + "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, cfg["tmp"])
+    for op in cfg["view"]:
+        if _under_tmp(op[1]):
+            apply(op)
+    if cfg["proc"]:
+        sysc.mount("proc", root + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     for at in covers:
         sysc.mount(None, at, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     sysc.mount(None, root, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
@@ -481,7 +580,13 @@ def _monitor(child):
 
 def launch(cfg):
     """Set this fresh process up as `cfg` says, then become ``cfg["role"]``. A failure before the
-    role starts is written to the status pipe (which the candidate never sees) and exits 121."""
+    role starts is written to the status pipe (which the candidate never sees) and exits 121.
+
+    Two ways in. As root: unshare the namespaces, build the view, drop to the run's fresh uid. As
+    an ordinary user (``cfg["userns"]`` = our uid and gid): the same namespaces owned by a fresh
+    user namespace of ours, whose capabilities build the view and are then dropped. Either way
+    an untrusted role ends with no capabilities, ``no_new_privs``, and no way to make a user
+    namespace of its own."""
     import fcntl
     import resource
     import signal
@@ -501,13 +606,14 @@ def launch(cfg):
             step = "join the run's memory cgroup"
             with open(cfg["cgroup"], "w") as f:
                 f.write(str(os.getpid()))
-        sysc = _Sys() if (cfg["unshare"] or cfg["root"]) else None
-        if cfg["unshare"]:
+        userns = bool(cfg["userns"])
+        sysc = _Sys() if (cfg["unshare"] or cfg["root"] or userns or cfg["nested"]) else None
+        if userns:
+            step = "enter a user namespace"
+            _enter_user_namespace(sysc, cfg["unshare"], *cfg["userns"])
+        elif cfg["unshare"]:
             step = "unshare namespaces"
             sysc.unshare(cfg["unshare"])
-        if cfg["root"]:
-            step = "build the file view"
-            _build_view(sysc, cfg)
         if cfg["unshare"] & _CLONE_NEWPID:
             # The process the sandbox started stays outside as a small monitor; its child is pid 1
             # of the fresh PID namespace and runs the role. When pid 1 dies the kernel kills and
@@ -516,8 +622,9 @@ def launch(cfg):
             child = os.fork()
             if child:
                 _monitor(child)
-            step = "mount /proc"
-            sysc.mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+        if cfg["root"]:
+            step = "build the file view"
+            _build_view(sysc, cfg)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if pipes:
             os.dup2(pipes[0], FD_REQUESTS)
@@ -534,6 +641,16 @@ def launch(cfg):
             os.setuid(cfg["uid"])
             if os.getuid() != cfg["uid"] or os.geteuid() != cfg["uid"]:
                 raise OSError(0, "the uid did not change")
+        in_userns = userns
+        if cfg["nested"]:
+            step = "forbid nested user namespaces"
+            in_userns = _no_nested_user_namespaces(sysc, userns) or in_userns
+        if in_userns:
+            step = "drop capabilities"
+            sysc.drop_capabilities()
+        if sysc is not None:
+            step = "set no_new_privs"
+            sysc.prctl(_PR_SET_NO_NEW_PRIVS, 1)
         step = "enter home"
         os.chdir(cfg["home"])
         os.umask(0o077)
@@ -568,15 +685,44 @@ def _report(fd, text):
         pass
 
 
+def _probe_userns():
+    """The ordinary user's way in, tried whole: a user namespace with mount, network and PID
+    namespaces, a tmpfs, pid 1 mounting its own /proc and forbidding nested user namespaces."""
+    sysc = _Sys()
+    _enter_user_namespace(sysc, _CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWPID, os.getuid(), os.getgid())
+    sysc.mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+    sysc.mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, "size=64k")
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.mkdir("/tmp/proc")
+            sysc.mount("proc", "/tmp/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+            with open("/tmp/proc" + _MAX_USERNS[len("/proc"):], "w") as f:
+                f.write("0")
+            sysc.drop_capabilities()
+            os._exit(0)
+        except BaseException as e:
+            _report(2, f"{type(e).__name__}: {e}")
+            os._exit(1)
+    _, st = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(st) != 0:
+        raise OSError(0, "pid 1 of the new namespaces could not mount /proc or limit user namespaces")
+
+
 def probe_main():
     """Which isolation this machine allows: each step tried in a forked child, one line each."""
-    for name, flags in (("netns", _CLONE_NEWNET), ("mountns", _CLONE_NEWNS), ("pidns", _CLONE_NEWPID), ("setuid", 0)):
+    steps = (("netns", _CLONE_NEWNET), ("mountns", _CLONE_NEWNS), ("pidns", _CLONE_NEWPID), ("setuid", 0),
+             ("userns", -1))
+    for name, flags in steps:
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:
             os.close(r)
+            os.dup2(w, 2)  # a failure's words, from here or from a grandchild, reach the pipe
             try:
-                if flags:
+                if flags == -1:
+                    _probe_userns()
+                elif flags:
                     _Sys().unshare(flags)
                 else:
                     os.setgroups([])
@@ -593,7 +739,8 @@ def probe_main():
         os.close(r)
         _, st = os.waitpid(pid, 0)
         ok = os.waitstatus_to_exitcode(st) == 0
-        sys.stdout.write(f"{name}\t{'ok' if ok else why.decode(errors='replace') or 'failed'}\n")
+        text = " ".join(why.decode(errors="replace").split())
+        sys.stdout.write(f"{name}\t{'ok' if ok else text or 'failed'}\n")
 
 
 def kill_main(uid):

@@ -18,7 +18,8 @@ What each run gets, and why:
   ``HOME``), the only place it can write. Nothing else exists there: not site-packages (where
   HumanEval's data file, with the hidden tests, lives), not the project checkout, not ``$HOME``,
   not ``/run`` or the host's ``/tmp`` (so no host Unix socket can be reached). ``expose=`` adds
-  host paths read-only for tasks that need them (numpy, say).
+  host paths read-only for tasks that need them (numpy, say); one under the host's ``/tmp`` (a
+  virtualenv there) is bound read-only on top of the private ``/tmp``.
 - **a process of its own**, started by the *launcher* in `_harness.py` (``vfork`` + ``exec``,
   then the set-up in the fresh single-threaded process; no ``preexec_fn``, which is unsafe in a
   thread pool), with a scrubbed environment that we write ourselves. ``-s -P``: no user site, no
@@ -36,8 +37,23 @@ What each run gets, and why:
   exits the kernel kills and reaps every process it left behind (no zombies, no orphans).
 - **output capped while reading**: past ``max_output_bytes`` the process is killed, not drained.
 
-Where the OS refuses something (not root, no ``CAP_SYS_ADMIN``, no writable memory cgroup), the run
-still happens, and ``result.isolation`` says exactly what was not isolated and why.
+**Without root** the same namespaces are had through a *user namespace*: the launcher makes one that
+maps only its own uid and gid, owns the mount, network and PID namespaces from there, builds the
+same file view, then drops every capability (bounding set included) and sets ``no_new_privs``
+before the role starts. What differs: the run keeps the user's uid on the host (it still cannot see
+or signal the user's other processes, which are outside its PID namespace), so ``max_processes``
+is counted on top of the user's own processes; and without a writable memory cgroup (an ordinary
+user rarely has one) memory is limited per process. ``isolation.method`` says which way was taken
+(``"root"``, ``"user-namespace"`` or ``"none"``).
+
+**No nested user namespaces.** Either way the untrusted process stands in a user namespace of ours
+whose ``max_user_namespaces`` is 0, so it cannot make one of its own (a door to kernel code that
+otherwise needs root); where ordinary users cannot make user namespaces at all, it cannot either.
+
+Where the OS allows neither way (no root and no user namespaces), `LocalSandbox` still runs code,
+warns in the log, and says in ``isolation`` exactly what was not isolated and why;
+`default_sandbox`, which the code environments and verifiers use, refuses instead and says what
+to do, unless ``AGENTRL_UNSAFE_UNISOLATED_SANDBOX=1`` accepts the risk out loud.
 
 Tests (`run_tests`) run in a second process, the *judge*, under another uid and in the same kind
 of file view; see ``_harness.py``. Whatever the candidate writes to the pipes that is not a valid
@@ -52,6 +68,7 @@ import errno
 import functools
 import itertools
 import json
+import logging
 import marshal
 import os
 import resource
@@ -123,18 +140,48 @@ class Isolation:
     """What the OS let us isolate for this run, with the reason for anything missing.
 
     ``filesystem_isolated``: the run sees only the minimal file view (see the module docstring);
+    ``user_isolated``: it cannot see, signal or trace this user's other processes (a fresh uid
+    under root; a user and PID namespace of its own otherwise);
     ``memory_per_run``: one memory limit holds for all of the run's processes together (else
-    ``memory_mb`` holds per process, and a run that forks can use that much per process)."""
+    ``memory_mb`` holds per process, and a run that forks can use that much per process);
+    ``method``: how: ``"root"`` (namespaces and a fresh uid), ``"user-namespace"`` (the same
+    namespaces, owned by an ordinary user), ``"e2b"``, or ``"none"``.
+
+    >>> Isolation(True, True, True, method="user-namespace").sufficient
+    True
+    >>> Isolation(False, False, False).summary()
+    'sandbox isolation: none (network, files and processes are NOT isolated)'
+    """
 
     network_isolated: bool
     filesystem_isolated: bool
     user_isolated: bool
     memory_per_run: bool = False
     reasons: tuple[str, ...] = ()
+    method: str = "none"
+
+    @property
+    def sufficient(self) -> bool:
+        """What training on policy-written code needs: no network, no view of the host's files,
+        no reach into the host's processes. (Memory per run is a bonus: without it each process
+        is capped, so a run holds at most ``max_processes * memory_mb``.)"""
+        return self.network_isolated and self.filesystem_isolated and self.user_isolated
 
     @property
     def complete(self) -> bool:
-        return self.network_isolated and self.filesystem_isolated and self.user_isolated and self.memory_per_run
+        return self.sufficient and self.memory_per_run
+
+    def summary(self) -> str:
+        """One line for a log or a console: the method, and what is not isolated."""
+        missing = [name for name, ok in (("network", self.network_isolated), ("files", self.filesystem_isolated),
+                                         ("processes", self.user_isolated)) if not ok]
+        line = f"sandbox isolation: {self.method}"
+        if missing:
+            line += f" ({', '.join(missing[:-1]) + ' and ' + missing[-1] if len(missing) > 1 else missing[0]}"
+            line += f" {'are' if len(missing) > 1 else 'is'} NOT isolated)"
+        elif not self.memory_per_run:
+            line += " (memory limited per process, not per run)"
+        return line
 
 
 @dataclass(frozen=True)
@@ -228,6 +275,14 @@ class _Caps:
     pidns: bool
     memcg: _MemoryCgroups | None
     reasons: tuple[str, ...]
+    userns: bool = False  # an ordinary user's way: user + mount + network + PID namespaces, all tried
+
+    @property
+    def method(self) -> str:
+        """How runs are isolated here: as root when we are root and may; else by a user namespace."""
+        if self.root and self.mountns and self.setuid:
+            return "root"
+        return "user-namespace" if self.userns else "none"
 
 
 _caps_lock = threading.Lock()
@@ -261,7 +316,7 @@ def probe_capabilities(refresh: bool = False) -> _Caps:
         root = os.geteuid() == 0
         if not sys.platform.startswith("linux"):
             why = f"namespaces and cgroups need Linux, this is {sys.platform}"
-            _caps = _Caps(root, False, False, False, False, None, (why,))
+            _caps = _Caps(root, False, False, False, False, None, (why, _HOW_TO_ISOLATE))
             return _caps
         found: dict[str, str] = {}
         try:
@@ -278,33 +333,56 @@ def probe_capabilities(refresh: bool = False) -> _Caps:
             failed = "" if found else f"the probe printed nothing (exit {out.returncode}): {out.stderr[-300:]}"
         except (OSError, subprocess.SubprocessError) as e:
             failed = f"{type(e).__name__}: {e}"
-        reasons = []
-        ok = {k: found.get(k, failed or "not probed") == "ok" for k in ("netns", "mountns", "pidns", "setuid")}
-        if not ok["netns"]:
-            reasons.append(f"no network namespace (unshare(CLONE_NEWNET) failed: {found.get('netns', failed)})")
-        if not ok["mountns"]:
-            reasons.append(
-                f"no mount namespace (unshare(CLONE_NEWNS) failed: {found.get('mountns', failed)}): the run sees the "
-                "host's file system"
-            )
-        if not ok["pidns"]:
-            reasons.append(
-                f"no PID namespace (unshare(CLONE_NEWPID) failed: {found.get('pidns', failed)}); orphans are killed "
-                "by uid instead"
-            )
+        steps = ("netns", "mountns", "pidns", "setuid", "userns")
+        ok = {k: found.get(k, failed or "not probed") == "ok" for k in steps}
         setuid = root and ok["setuid"]
-        if not root:
-            reasons.append(
-                "not running as root: the run shares this user's uid, so RLIMIT_NPROC counts all its processes, "
-                "and it sees the host's file system"
-            )
-        elif not setuid:
-            reasons.append(f"cannot switch to an unprivileged uid ({found.get('setuid', failed)})")
-        memcg, why = _MemoryCgroups.find()
+        memcg, memcg_why = _MemoryCgroups.find()
+        reasons = []
+        if root and ok["mountns"] and setuid:
+            if not ok["netns"]:
+                reasons.append(f"no network namespace (unshare(CLONE_NEWNET) failed: {found.get('netns', failed)})")
+            if not ok["pidns"]:
+                reasons.append(
+                    f"no PID namespace (unshare(CLONE_NEWPID) failed: {found.get('pidns', failed)}); orphans are "
+                    "killed by uid instead"
+                )
+        elif ok["userns"]:
+            if not root:
+                reasons.append(
+                    "isolated by a user namespace (not root): the run keeps your uid on the host, so RLIMIT_NPROC "
+                    "counts your other processes too (the run is allowed that many more)"
+                )
+            else:
+                reasons.append(
+                    "root without the privileges of the host's namespaces (a container?): isolated by a user "
+                    f"namespace instead (unshare(CLONE_NEWNS) failed: {found.get('mountns', failed)})"
+                )
+        else:
+            why = found.get("userns", failed)
+            if root:
+                reasons.append(
+                    f"root, but neither the host's namespaces (mount: {found.get('mountns', failed)}; "
+                    f"switching uid: {found.get('setuid', failed)}) nor a user namespace ({why}) can be had"
+                )
+            else:
+                reasons.append(
+                    f"not root, and no user namespace could be made ({why}): the run shares this user's uid, files "
+                    "and network"
+                )
+            reasons.append(_HOW_TO_ISOLATE)
         if memcg is None:
-            reasons.append(f"no memory cgroup ({why}): memory is limited per process (RLIMIT_AS), not per run")
-        _caps = _Caps(root, setuid, ok["netns"], ok["mountns"], ok["pidns"], memcg, tuple(reasons))
+            reasons.append(f"no memory cgroup ({memcg_why}): memory is limited per process (RLIMIT_AS), not per run")
+        _caps = _Caps(root, setuid, ok["netns"], ok["mountns"], ok["pidns"], memcg, tuple(reasons), ok["userns"])
         return _caps
+
+
+_HOW_TO_ISOLATE = (
+    "to isolate as an ordinary user, allow unprivileged user namespaces (`sysctl user.max_user_namespaces` above "
+    "0; Debian's older kernels: `sysctl kernel.unprivileged_userns_clone=1`; Ubuntu 24.04+: "
+    "`sysctl kernel.apparmor_restrict_unprivileged_userns=0` or an AppArmor profile for this python), run as "
+    "root, or use the E2B sandbox (agentrl.verify.e2b)"
+)
+_UNSAFE_ENV = "AGENTRL_UNSAFE_UNISOLATED_SANDBOX"
 
 
 class _MemoryCgroups:
@@ -458,8 +536,6 @@ def _file_view(python: str, expose: tuple[str, ...]) -> tuple[tuple[Any, ...], .
         if not os.path.exists(p):
             raise SandboxError(f"expose: {p} does not exist")
         real = _resolve(p, links)
-        if real == "/tmp" or real.startswith("/tmp/"):
-            raise SandboxError(f"expose: {p} is under /tmp, which each run replaces with a private tmpfs")
         exposed[real] = os.path.isdir(real)
 
     def inside(p: str, d: str) -> bool:
@@ -599,8 +675,12 @@ class _Proc:
 class LocalSandbox:
     """A sandbox on this machine; see the module docstring for what it isolates.
 
-    ``require_isolation=True`` makes a run raise `SandboxError` instead of running with less
-    isolation than this OS could give when privileged (use it in production training).
+    Root isolates with namespaces and a fresh uid per run; an ordinary user gets the same file
+    view, network and PID namespaces through a user namespace (``isolation.method`` says which).
+    Where neither can be had, runs still happen, with a warning in the log and
+    ``isolation.sufficient`` False; ``require_isolation=True`` makes construction raise
+    `SandboxError` instead (`default_sandbox`, which the code environments use, requires it unless
+    ``AGENTRL_UNSAFE_UNISOLATED_SANDBOX=1`` is set).
     ``expose`` names host paths (files or directories) every run sees read-only, beyond the
     interpreter and its standard library: a task's data, a package its tests import.
     """
@@ -614,25 +694,29 @@ class LocalSandbox:
     ):
         self.limits = limits or Limits()
         # the real interpreter, not a virtualenv's link to it: the run sees neither the venv nor
-        # its site-packages (and a venv under /tmp would be hidden by the run's private /tmp)
+        # its site-packages
         self.python = os.path.realpath(python or sys.executable)
         self.expose = tuple(os.path.abspath(p) for p in expose)
-        self.caps = probe_capabilities()
-        self._view = self.caps.mountns and self.caps.setuid  # the view needs root, and a uid to drop to
-        if self._view and Path(self.python).is_relative_to("/tmp"):
-            raise SandboxError(
-                f"the sandbox's interpreter {self.python} lives under /tmp, which each run replaces with a private "
-                "tmpfs; pass python= an interpreter outside /tmp"
-            )
+        self.caps = caps = probe_capabilities()
+        self.method = caps.method
+        self._view = self.method != "none"
+        self._userns = self.method == "user-namespace"
+        net = caps.netns if self.method == "root" else self._userns
         self.isolation = Isolation(
-            network_isolated=self.caps.netns,
+            network_isolated=net,
             filesystem_isolated=self._view,
-            user_isolated=self.caps.setuid,
-            memory_per_run=self.caps.memcg is not None,
-            reasons=self.caps.reasons,
+            user_isolated=self.method == "root" or self._userns,
+            memory_per_run=caps.memcg is not None,
+            reasons=caps.reasons,
+            method=self.method,
         )
-        if require_isolation and not self.isolation.complete:
-            raise SandboxError("the local sandbox cannot isolate this run: " + "; ".join(self.isolation.reasons))
+        if not self.isolation.sufficient:
+            if require_isolation:
+                raise SandboxError(
+                    "the local sandbox cannot isolate policy-written code on this machine: "
+                    + "; ".join(self.isolation.reasons)
+                )
+            _warn_once(f"{self.isolation.summary()}: " + "; ".join(self.isolation.reasons))
 
     def with_limits(self, **changes: Any) -> LocalSandbox:
         """A copy with some limits changed: ``sb.with_limits(wall_seconds=2)``."""
@@ -758,7 +842,7 @@ class LocalSandbox:
         """Start the launcher for `role`; it sets itself up (see `_harness.launch`) while we go on."""
         lim, caps = self.limits, self.caps
         view = _file_view(self.python, self.expose) if self._view else None
-        uid = _uids.take() if caps.setuid else None
+        uid = _uids.take() if caps.setuid and not self._userns else None
         workdir = cgroup = None
         status_r = status_w = -1
         try:
@@ -791,9 +875,9 @@ class LocalSandbox:
                 (resource.RLIMIT_NPROC, nproc, nproc),
                 (resource.RLIMIT_CORE, 0, 0),
             ]
-            pid_ns = untrusted and view is not None and caps.pidns
+            pid_ns = untrusted and view is not None and (caps.pidns or self._userns)
             flags = (
-                (_CLONE_NEWNET if (untrusted and caps.netns) else 0)
+                (_CLONE_NEWNET if (untrusted and self.isolation.network_isolated) else 0)
                 | (_CLONE_NEWNS if view is not None else 0)
                 | (_CLONE_NEWPID if pid_ns else 0)
             )
@@ -809,7 +893,10 @@ class LocalSandbox:
                 "unshare": flags,
                 "root": _staging_root() if view is not None else "",
                 "view": list(view or ()),
-                "tmp": f"size={lim.disk_mb}m,mode=0700,uid={uid},gid={uid}",
+                "proc": pid_ns,  # pid 1 mounts a /proc of its own namespace
+                "nested": pid_ns,  # forbid user namespaces inside (needs that /proc)
+                "userns": [os.getuid(), os.getgid()] if self._userns else [],
+                "tmp": f"size={lim.disk_mb}m,mode=0700,uid={_or(uid, os.getuid())},gid={_or(uid, os.getgid())}",
                 "rlimits": rlimits,
                 "uid": -1 if uid is None else uid,
                 "home": home,
@@ -982,6 +1069,19 @@ class LocalSandbox:
                 shutil.rmtree(p.workdir, ignore_errors=True)
 
 
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(text: str) -> None:
+    if text not in _warned:
+        _warned.add(text)
+        logging.getLogger("agentrl.sandbox").warning(text)
+
+
 def _select(fds: list[int], timeout: float) -> tuple[list[int], list[int], list[int]]:
     import select
 
@@ -1080,11 +1180,28 @@ class SandboxPool:
 
 
 _default: LocalSandbox | None = None
+_default_lock = threading.Lock()
 
 
 def default_sandbox() -> LocalSandbox:
-    """A shared `LocalSandbox` with default limits."""
+    """The shared `LocalSandbox` with default limits that the code environments and verifiers use.
+
+    It refuses to exist (`SandboxError`, saying why and what to do) where policy-written code cannot
+    be isolated, unless ``AGENTRL_UNSAFE_UNISOLATED_SANDBOX=1`` says that you accept candidates
+    reading and writing whatever your user can, and reaching the network."""
     global _default
-    if _default is None:
-        _default = LocalSandbox()
-    return _default
+    with _default_lock:
+        if _default is None:
+            unsafe = os.environ.get(_UNSAFE_ENV, "") not in ("", "0")
+            try:
+                _default = LocalSandbox(require_isolation=not unsafe)
+            except SandboxError as e:
+                raise SandboxError(
+                    f"{e}. Refusing to run policy-written code unisolated. To run it anyway, accepting that it can "
+                    f"read and write whatever your user can and reach the network, set {_UNSAFE_ENV}=1"
+                ) from None
+            if unsafe and not _default.isolation.sufficient:
+                logging.getLogger("agentrl.sandbox").warning(
+                    "%s=1: policy-written code runs WITHOUT isolation (%s)", _UNSAFE_ENV, _default.isolation.summary()
+                )
+        return _default
