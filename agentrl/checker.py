@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrl.core import AgentEnv, EnvError, make
+from agentrl.verify.sandbox import isolation_of
 
 GARBAGE = "this is not a tool call"
 
@@ -194,6 +195,17 @@ def check_expert_finishes(env: AgentEnv) -> str | None:
     return None
 
 
+def check_sandbox(env: AgentEnv) -> str | None:
+    """For an env that runs policy-written code: which isolation holds it, and a failure if none
+    does (the run would let candidates read your files and reach the network)."""
+    iso = isolation_of(env)
+    if iso is None:
+        return "none needed: the env runs no sandbox"
+    note = iso.summary() + ("; " + "; ".join(iso.reasons) if iso.reasons else "")
+    assert iso.sufficient, f"{note} (set by AGENTRL_UNSAFE_UNISOLATED_SANDBOX=1, or a sandbox made by hand)"
+    return note
+
+
 CHECKS = [
     check_is_agent_env,
     check_tools,
@@ -206,6 +218,7 @@ CHECKS = [
     check_threads,
     check_expert,
     check_expert_finishes,
+    check_sandbox,
 ]
 
 

@@ -45,6 +45,7 @@ from agentrl.monitor import Monitor, SilentMonitor
 from agentrl.policy import Policy, add_lora, shards_weights, token_stats
 from agentrl.rollout import rollout
 from agentrl.store import TrajectoryStore, TurnBatch, make_batch, truncate_store
+from agentrl.verify.sandbox import isolation_of
 from agentrl.workers import make_pool
 
 CHECKPOINTS = "checkpoints"  # <run>/checkpoints/update_XXXXX: what --resume continues from
@@ -222,6 +223,8 @@ class Trainer:
         self.model, self.optimizer = self.accelerator.prepare(self.policy.model, opt)
         lo, hi = ranks.block(cfg.rollout.groups)  # this rank's groups of every update
         self.envs = [make(cfg.env.id, **cfg.env.kwargs) for _ in range((hi - lo) * cfg.rollout.group_size)]
+        if (iso := isolation_of(self.envs[0])) is not None:  # policy-written code runs: say how it is held
+            self.monitor.say(iso.summary() + "".join(f"\n  {r}" for r in iso.reasons))
         self.owner: dict[int, int] = {}  # group id -> the rank that rolled it out (its rows' gradient is that rank's)
         # rollouts that run ahead generate from a copy of the weights (the actor), refreshed after every update
         self.actor = None

@@ -114,3 +114,23 @@ def test_threads_check_skips_an_env_that_cannot_be_pickled():
     env.lock = __import__("threading").Lock()  # not picklable
     result = next(r for r in check_env(env) if r.name == "threads")
     assert result.ok and result.message.startswith("skipped: the env cannot be pickled")
+
+
+def test_sandbox_check_names_the_isolation_and_fails_without_it():
+    from agentrl.checker import check_sandbox
+    from agentrl.envs.code import CodeEnv
+    from agentrl.envs.vault import VaultEnv
+    from agentrl.verify.sandbox import Isolation, default_sandbox
+
+    assert check_sandbox(VaultEnv(locks=2)).startswith("none needed")
+    env = CodeEnv()
+    assert env.sandbox is default_sandbox()
+    note = check_sandbox(env)
+    assert note.startswith(f"sandbox isolation: {default_sandbox().isolation.method}"), note
+
+    class Unisolated:  # what a sandbox made by hand on a machine without namespaces reports
+        isolation = Isolation(False, False, False, reasons=("not root, and no user namespace could be made",))
+
+    env.sandbox = Unisolated()
+    with pytest.raises(AssertionError, match="network, files and processes are NOT isolated"):
+        check_sandbox(env)

@@ -55,7 +55,8 @@ class E2BSandbox:
         self.api_key = api_key or os.environ["E2B_API_KEY"]
         self.template = template
         # the VM bounds the memory of all the run's processes together
-        self.isolation = Isolation(True, True, True, memory_per_run=True, reasons=("isolated by an E2B micro-VM",))
+        self.isolation = Isolation(True, True, True, memory_per_run=True, reasons=("isolated by an E2B micro-VM",),
+                                   method="e2b")
 
     @staticmethod
     def available(api_key: str | None = None) -> tuple[bool, str]:

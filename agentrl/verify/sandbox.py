@@ -98,6 +98,7 @@ __all__ = [
     "TestOutcome",
     "TestRunResult",
     "default_sandbox",
+    "isolation_of",
 ]
 
 _HARNESS = (Path(__file__).with_name("_harness.py")).read_text()
@@ -1177,6 +1178,18 @@ class SandboxPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def isolation_of(env: Any) -> Isolation | None:
+    """The isolation of the sandbox an environment runs policy-written code in (its ``sandbox``, or
+    its verifier's), or None for an environment that runs none. What check-env and a run's first
+    lines report."""
+    env = getattr(env, "unwrapped", env)
+    for holder in (env, getattr(env, "verifier", None)):
+        iso = getattr(getattr(holder, "sandbox", None), "isolation", None)
+        if isinstance(iso, Isolation):
+            return iso
+    return None
 
 
 _default: LocalSandbox | None = None
