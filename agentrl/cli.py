@@ -169,10 +169,11 @@ def parse_train(argv: Sequence[str], prog: str, description: str, extra: type[St
 def _check_env(env_id: str, kwargs: dict[str, Any]) -> None:
     """Build the environment once, so that a bad id or argument fails before any other work."""
     from agentrl.core import make
+    from agentrl.verify.sandbox import SandboxError
 
     try:
         make(env_id, **kwargs)
-    except (ValueError, TypeError, ImportError, AttributeError) as e:
+    except (ValueError, TypeError, ImportError, AttributeError, SandboxError) as e:
         raise UsageError(f"environment {env_id}: {e}") from None
 
 
