@@ -193,6 +193,9 @@ class Policy:
     @classmethod
     def load(cls, name_or_path: str | Path, dtype: torch.dtype = torch.float32,
              device: str | torch.device = "cpu") -> Policy:
+        from agentrl.models import resolve
+
+        name_or_path = resolve(name_or_path)  # a known model's name: its folder, fetched on first use
         tokenizer = AutoTokenizer.from_pretrained(str(name_or_path))
         model = AutoModelForCausalLM.from_pretrained(str(name_or_path), dtype=dtype).to(device)
         return cls(model, tokenizer)
