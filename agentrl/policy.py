@@ -5,9 +5,7 @@ tiny Llama-style model and a byte-level BPE tokenizer trained on the environment
 (`build_tiny_policy`), and saves both as an ordinary HF folder, so every later step runs the same
 transformers code a 7B model would.
 
-`ChatFormat` turns the environment's text into token ids exactly as the model's chat template
-would lay out a tool-using conversation, but turn by turn: the prompt once, then for every turn
-only the new observation's tokens, so the rollout never re-encodes the history.
+The chat layout (token ids for a tool-using conversation, turn by turn) lives in `agentrl.chat`.
 """
 
 from __future__ import annotations
@@ -21,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from agentrl.chat.layout import ChatFormat  # noqa: F401 (re-exported: where it lived before agentrl.chat)
 from agentrl.config import TinyModelConfig  # noqa: F401 (re-exported)
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -117,88 +116,23 @@ def render_corpus_text(system: str | None, tools: list[dict[str, Any]], messages
     return "".join(parts)
 
 
-class ChatFormat:
-    """Token ids for a tool-using conversation, derived from the tokenizer's chat template.
-
-    The observation wrapper (what the template puts between the end of an assistant message and
-    the next assistant generation prompt) is found once by rendering a conversation with
-    placeholders, so it follows whatever template the model ships with.
-    """
-
-    _A, _O = "\x00ACTION\x00", "\x00OBSERVATION\x00"
-
-    def __init__(self, tokenizer: Any):
-        if tokenizer.chat_template is None:
-            raise ValueError("the tokenizer has no chat template; agentrl needs one to lay out turns")
-        self.tokenizer = tokenizer
-        self.eos_id = tokenizer.eos_token_id
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
-        msgs = [{"role": "user", "content": "U"}, {"role": "assistant", "content": self._A},
-                {"role": "tool", "content": self._O}]
-        text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        if self._A not in text or self._O not in text:
-            raise ValueError("the chat template dropped the assistant or tool message; cannot derive the turn layout")
-        between = text[text.index(self._A) + len(self._A) :]
-        self.obs_prefix, _, self.obs_suffix = between.partition(self._O)
-        self.eos_text = tokenizer.eos_token or ""
-        stops = {self.eos_id}
-        # An action ends where the template ends an assistant message (the added token it writes right
-        # after the text), whatever the tokenizer calls EOS: Qwen2.5's base models ship the ChatML
-        # template with eos_token <|endoftext|>, and stopping at that alone runs an action past its
-        # <|im_end|> into made-up turns. The tokenizer's EOS stays a stop.
-        first = self.encode(self.obs_prefix)[:1]
-        marker = tokenizer.convert_ids_to_tokens(first[0]) if first else None
-        if marker in tokenizer.get_added_vocab() and self.obs_prefix.startswith(marker):
-            self.eos_id, self.eos_text = first[0], marker
-            stops.add(first[0])
-        close = tokenizer.convert_tokens_to_ids("</tool_call>")
-        if isinstance(close, int) and close != tokenizer.unk_token_id and close is not None:
-            stops.add(close)  # stop at the end of the tool call: nothing useful follows it
-        self.stop_ids = sorted(s for s in stops if s is not None)
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    def prompt_ids(self, observation: str, tools: list[dict[str, Any]], system: str | None = None) -> list[int]:
-        msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": observation}]
-        text = self.tokenizer.apply_chat_template(msgs, tools=tools or None, tokenize=False, add_generation_prompt=True)
-        return self.encode(text)
-
-    def observation_ids(self, observation: str, ended_with_eos: bool) -> list[int]:
-        prefix = self.obs_prefix
-        if ended_with_eos and self.eos_text and prefix.startswith(self.eos_text):
-            prefix = prefix[len(self.eos_text) :]  # the action already closed its message
-        return self.encode(prefix + observation + self.obs_suffix)
-
-    def action_ids(self, text: str) -> list[int]:
-        """Token ids of a scripted action, ending in a stop token as a sampled one would."""
-        ids = self.encode(text)
-        if not ids or ids[-1] not in self.stop_ids:
-            ids.append(self.eos_id)
-        return ids
-
-    def decode(self, ids: list[int]) -> str:
-        text = self.tokenizer.decode(ids, skip_special_tokens=False)
-        return text.removesuffix(self.eos_text) if self.eos_text else text
-
-
 class Policy:
     """A causal LM and its tokenizer, with the chat layout agentrl uses."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any):
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, tool_format: Any = None):
         self.model = model
         self.tokenizer = tokenizer
-        self.chat = ChatFormat(tokenizer)
+        self.chat = ChatFormat(tokenizer, tool_format)  # tool_format None: detected from the chat template
 
     @classmethod
     def load(cls, name_or_path: str | Path, dtype: torch.dtype = torch.float32,
-             device: str | torch.device = "cpu") -> Policy:
+             device: str | torch.device = "cpu", tool_format: str | None = None) -> Policy:
         from agentrl.models import resolve
 
         name_or_path = resolve(name_or_path)  # a known model's name: its folder, fetched on first use
         tokenizer = AutoTokenizer.from_pretrained(str(name_or_path))
         model = AutoModelForCausalLM.from_pretrained(str(name_or_path), dtype=dtype).to(device)
-        return cls(model, tokenizer)
+        return cls(model, tokenizer, tool_format)
 
     def save(self, path: str | Path) -> None:
         self.model.save_pretrained(path)

@@ -17,14 +17,16 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agentrl.chat.layout import ChatFormat, rerender_check
 from agentrl.core import AgentEnv, EnvError, Episode, Turn
 from agentrl.engines.base import Engine, Generation
-from agentrl.policy import ChatFormat
 from agentrl.workers import DEFAULT_WORKERS, EnvPool, make_pool
+
+LAYOUT_CHECKS = 4  # episodes per rollout whose ids are compared with the chat template's rendering
 
 
 @dataclass
@@ -35,6 +37,10 @@ class RolloutStats:
     seconds: float = 0.0
     tool_timeouts: int = 0
     generate_calls: int = 0  # batched generations (with per-row readiness, more than the turns of the longest episode)
+    layout_checked: int = 0  # episodes re-rendered through the chat template (the first few of a rollout)
+    layout_drift: int = 0  # ... whose text differs from the template's rendering (a template that rewrites history)
+    layout_retokenised: int = 0  # ... with an action sampled as ids other than the tokenizer's encoding of its text
+    layout_example: str | None = None  # where the first drifting episode parts from the template
 
     @property
     def tokens_per_second(self) -> float:
@@ -55,6 +61,7 @@ def rollout(
     policy_version: int = 0,
     schedule: str = "arrival",
     row_offset: int = 0,
+    on_episode: Callable[[int, int], None] | None = None,
 ) -> tuple[list[Episode], RolloutStats]:
     """Run one episode in each env (env i reset with seeds[i]) to its end.
 
@@ -68,6 +75,7 @@ def rollout(
     `row_offset` is where these episodes start in the whole update when several processes share it
     (agentrl.distributed): the engine keys each row's sampling stream by its place in the update,
     so a rank's episodes are the ones a single process would have sampled for those rows.
+    `on_episode(ended, total)` is called as each episode ends (progress lines).
     """
     if len(envs) != len(seeds):
         raise ValueError(f"rollout: {len(envs)} envs but {len(seeds)} seeds")
@@ -79,7 +87,7 @@ def rollout(
     pool = workers if isinstance(workers, EnvPool) else make_pool(workers or DEFAULT_WORKERS)
     try:
         return _Driver(envs, seeds, engine, chat, group_ids, max_context, max_new_tokens, pool,
-                       max_batch_rows or len(envs), policy_version, schedule, row_offset).run()
+                       max_batch_rows or len(envs), policy_version, schedule, row_offset, on_episode).run()
     finally:
         if pool is not workers:
             pool.close()
@@ -90,13 +98,14 @@ class _Driver:
     hand their actions to the pool, take the pool's answers as they come."""
 
     def __init__(self, envs, seeds, engine, chat, group_ids, max_context, max_new_tokens, pool, max_rows,
-                 policy_version, schedule="arrival", row_offset=0):
+                 policy_version, schedule="arrival", row_offset=0, on_episode=None):
         self.envs, self.seeds, self.engine, self.chat = envs, seeds, engine, chat
         self.group_ids, self.max_context, self.max_new_tokens = group_ids, max_context, max_new_tokens
         self.pool, self.max_rows, self.policy_version = pool, max_rows, policy_version
         if schedule not in ("arrival", "lockstep"):
             raise ValueError(f"rollout: schedule must be arrival or lockstep, got {schedule!r}")
         self.lockstep = schedule == "lockstep"
+        self.on_episode = on_episode
         self.offset = row_offset  # the engine knows a row by its place in the whole update: row + offset
         n = len(envs)
         self.episodes: list[Episode | None] = [None] * n
@@ -109,6 +118,9 @@ class _Driver:
         self.admitted = 0  # episodes that have entered the session
         self.left = n  # episodes not yet ended
         self.stats = RolloutStats()
+        self.first_obs: dict[int, str] = {}  # row -> its task text, for the layout check
+        for env in envs:  # the env reads calls in the model's format (pickled with it to process workers)
+            env.tool_format = chat.tool_format
 
     def run(self) -> tuple[list[Episode], RolloutStats]:
         t0 = time.perf_counter()
@@ -183,9 +195,19 @@ class _Driver:
         self._submit("step", row, self.chat.decode(gen.ids))
 
     def _end(self, row: int) -> None:
+        if row in self.first_obs and self.episodes[row] is not None and self.episodes[row].error is None:
+            env = self.envs[row]
+            check = rerender_check(self.chat, self.episodes[row], self.first_obs.pop(row), env.tool_schemas(),
+                                   env.system_prompt)
+            self.stats.layout_checked += 1
+            self.stats.layout_drift += not check.text_equal
+            self.stats.layout_retokenised += check.retokenised_actions > 0
+            self.stats.layout_example = self.stats.layout_example or check.first_difference
         self.session.drop([row + self.offset])
         self.live -= 1
         self.left -= 1
+        if self.on_episode is not None:
+            self.on_episode(len(self.envs) - self.left, len(self.envs))
         # with nobody left to admit, freed rows only cost compute (a forward runs every slot):
         # shrink the batch once half of it is free
         slots = len(getattr(self.session, "slot_rows", ()))
@@ -202,6 +224,8 @@ class _Driver:
                 raise error
             obs, _ = future.result()
             env = self.envs[row]
+            if len(self.first_obs) < LAYOUT_CHECKS:
+                self.first_obs[row] = obs
             prompt = self.chat.prompt_ids(obs, env.tool_schemas(), env.system_prompt)
             seed = self.seeds[row]
             self.episodes[row] = Episode(prompt_ids=prompt, env_id=env.name, task_id=f"{env.name}:{seed}",

@@ -102,7 +102,9 @@ def collect_demos(make_env: Callable[[], AgentEnv], chat: ChatFormat, seeds: Seq
     for start in range(0, len(seeds), len(envs)):
         chunk = list(seeds[start : start + len(envs)])
         active = envs[: len(chunk)]
-        engine = ScriptedEngine(lambda row, envs=active: chat.action_ids(envs[row].expert_action(noise)), chat.eos_id)
+        # the expert writes Hermes calls; the demonstrations are in the model's own call format
+        engine = ScriptedEngine(
+            lambda row, envs=active: chat.action_ids(chat.expert_text(envs[row].expert_action(noise))), chat.eos_id)
         episodes, _ = rollout(active, chunk, engine, chat)
         errored = [e for e in episodes if e.error]
         if errored:
