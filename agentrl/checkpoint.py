@@ -5,8 +5,12 @@
 A checkpoint is written into a temporary folder beside the others, every file fsync'ed, the manifest
 (the SHA-256 of every file) written last, then renamed into place: a folder named `update_*` either
 holds a complete checkpoint or fails its manifest (a disk that lost writes), and a `.tmp-*` folder is
-a write that was interrupted. `latest` picks the newest checkpoint whose manifest verifies and says
-which ones it skipped and why.
+a write that was interrupted. Saving an update that has a folder already (a resumed run saving it
+again) moves the old folder aside to `.old-*` first, then renames the new one into place: a kill
+between the two renames leaves both and no `update_*`, and `latest` puts back the one that verifies
+(the new write first). So a kill at any point of a save leaves the update's old checkpoint, its new
+one, or (on a first save) the previous updates' checkpoints. `latest` picks the newest checkpoint
+whose manifest verifies and says which ones it skipped and why.
 
 Tensors are stored with `torch.save` and read back with `weights_only=True` (no pickled code runs
 from a run folder); everything else (counters, the health history, RNG states of python and numpy)
@@ -27,6 +31,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -114,8 +119,9 @@ def checkpoints(root: Path | str) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def verify(folder: Path | str) -> dict[str, Any]:
-    """The manifest of `folder` if every file it lists is present with its checksum; else CheckpointError."""
+def verify(folder: Path | str, update: int | None = None) -> dict[str, Any]:
+    """The manifest of `folder` if every file it lists is present with its checksum and it is the checkpoint of
+    `update` (default: the one the folder's name says); else CheckpointError."""
     folder = Path(folder)
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
@@ -132,20 +138,69 @@ def verify(folder: Path | str) -> dict[str, Any]:
             raise CheckpointError(f"{folder}: {name} is missing")
         if sha256(path) != digest:
             raise CheckpointError(f"{folder}: {name} does not match its checksum (corrupted on disk)")
-    if manifest.get("update") != int(folder.name[len(PREFIX):]):
+    if update is None:
+        update = int(folder.name[len(PREFIX):])
+    if manifest.get("update") != update:
         raise CheckpointError(f"{folder}: its manifest says update {manifest.get('update')}")
     return manifest
 
 
-def latest(root: Path | str, warn: Callable[[str], None] | None = None) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint under `root` that verifies, with its manifest (None if there is none).
-    Every newer one that does not verify, and every interrupted write, is named through `warn`."""
+_LEFTOVER = re.compile(rf"\.(tmp|old)-({PREFIX}\d+)-\d+")  # what a save leaves when it is killed (see write)
+
+
+def _verifies(folder: Path, update: int) -> bool:
+    try:
+        verify(folder, update)
+        return True
+    except CheckpointError:
+        return False
+
+
+def recover(root: Path | str, warn: Callable[[str], None] | None = None) -> None:
+    """Tidy what killed saves left under `root`: where an update has no folder that verifies but a
+    leftover of its save does (the new write, `.tmp-*`, killed before its rename; or the old folder,
+    `.old-*`, moved aside by a re-save killed before the new one took its place), rename that one
+    into place, the new write first; remove every other leftover. Each step is named through `warn`."""
     root = Path(root)
     warn = warn or (lambda _msg: None)
-    if root.is_dir():
-        for p in sorted(root.glob(".tmp-*")) + sorted(root.glob(".old-*")):
+    if not root.is_dir():
+        return
+    leftovers: dict[str, list[Path]] = {}
+    for p in sorted(root.iterdir()):
+        m = _LEFTOVER.fullmatch(p.name)
+        if m and p.is_dir():
+            leftovers.setdefault(m.group(2), []).append(p)
+        elif p.name.startswith((".tmp-", ".old-")):  # not a name write() makes: still nothing a run reads
+            leftovers.setdefault("", []).append(p)
+    for name, found in sorted(leftovers.items()):
+        final = root / name if name else None
+        # the new write (.tmp) before the old folder (.old): both hold this update, the new one is what the run saved
+        found.sort(key=lambda p: (not p.name.startswith(".tmp-"), p.name))
+        update = int(name[len(PREFIX):]) if name else -1
+        if final is not None and not (final.is_dir() and _verifies(final, update)):
+            for p in found:
+                if _verifies(p, update):
+                    if final.exists():  # a folder that fails its manifest: the leftover is the sound copy
+                        warn(f"replacing {final}, which does not verify, with {p.name} (a save that was killed)")
+                        shutil.rmtree(final)
+                    else:
+                        warn(f"restoring {final.name} from {p.name} (a save killed between its renames)")
+                    p.rename(final)
+                    found.remove(p)
+                    _fsync(root)
+                    break
+        for p in found:
             warn(f"skipping {p}: a checkpoint write that was interrupted (removed)")
             shutil.rmtree(p, ignore_errors=True)
+
+
+def latest(root: Path | str, warn: Callable[[str], None] | None = None) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint under `root` that verifies, with its manifest (None if there is none),
+    after `recover` has put back what a killed save left. Every newer one that does not verify, and
+    every interrupted write, is named through `warn`."""
+    root = Path(root)
+    warn = warn or (lambda _msg: None)
+    recover(root, warn)
     for folder in reversed(checkpoints(root)):
         try:
             return folder, verify(folder)
@@ -192,8 +247,8 @@ def set_rng_state(json_part: dict[str, Any], tensors: dict[str, torch.Tensor]) -
 # -- the run folder ---------------------------------------------------------------------------------
 
 # what a run writes into its folder; --overwrite removes these and nothing else
-RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "store", "checkpoints", "checkpoint", "tensorboard",
-             "wandb")
+RUN_FILES = ("config.yaml", "decisions.json", "metrics.jsonl", "summary.json", "summary.json.tmp", "store",
+             "checkpoints", "checkpoint", "tensorboard", "wandb")
 
 
 def clear_run(out: Path | str) -> None:
@@ -207,5 +262,5 @@ def clear_run(out: Path | str) -> None:
             p.unlink()
 
 
-__all__ = ["CheckpointError", "checkpoints", "clear_run", "latest", "read", "rng_state", "set_rng_state",
-           "verify", "write"]
+__all__ = ["CheckpointError", "checkpoints", "clear_run", "latest", "read", "recover", "rng_state",
+           "set_rng_state", "verify", "write"]

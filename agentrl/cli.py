@@ -349,7 +349,7 @@ def cmd_train(argv: Sequence[str]) -> int:
             raise UsageError(f"--num-processes {flags.num_processes}: rollout.groups is {cfg.rollout.groups}; each "
                              "process rolls out whole groups, so give it at least one group per process")
         return _launch(flags.num_processes, ["train", *_without_flag(argv, "--num-processes")])
-    from agentrl.trainer import resolve_device, train
+    from agentrl.trainer import ResumeUnsupported, resolve_device, train
 
     decisions: dict[str, Any] = {}
     if auto and launched():  # the main process probes, and every rank trains what it picked
@@ -360,7 +360,10 @@ def cmd_train(argv: Sequence[str]) -> int:
         cfg, decisions = ranks.broadcast(picked)
     elif auto:
         cfg, decisions = _probe_for_auto(cfg)
-    train(cfg, decisions=decisions or None, resume=flags.resume is not None, overwrite=flags.overwrite)
+    try:
+        train(cfg, decisions=decisions or None, resume=flags.resume is not None, overwrite=flags.overwrite)
+    except ResumeUnsupported as e:  # found before any work (FSDP / DeepSpeed): a usage error, not a traceback
+        raise UsageError(str(e)) from None
     return 0
 
 

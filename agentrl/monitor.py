@@ -6,6 +6,14 @@ with the status coloured (green healthy, yellow a notice, red an alarm); an alar
 clears, and every intervention, is also printed as a line of its own. When output is not a terminal
 (CI, a log file) the same rows print as plain lines.
 
+A resumed run rewinds the record to its checkpoint (`rewind`): metrics.jsonl is cut there, and the
+loggers, opened at the first row after the rewind, continue from it instead of adding a second value
+at the steps the killed process had logged past it. TensorBoard's writer gets `purge_step` (its reader
+drops every older event from that step on); W&B continues the same run (its id is kept in
+`<run>/wandb/run_id`) with `resume_from="<id>?_step=<step>"`, W&B's rewind, which truncates the run's
+history there when the offline run is synced. The step purged from is the checkpoint's own, whose row
+is logged again, so a final evaluation logged at that step by the killed process is dropped too.
+
 >>> import tempfile, io
 >>> from rich.console import Console
 >>> d = tempfile.mkdtemp()
@@ -22,6 +30,7 @@ import json
 import math
 import os
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -69,13 +78,14 @@ def scalars(row: dict[str, Any]) -> dict[str, float]:
 
 class TensorBoardLogger:
     """Scalars into <run>/tensorboard. The final evaluation goes under `final/...`, so that its step
-    (the last update's) does not hold two values for `eval/pass_rate`."""
+    (the last update's) does not hold two values for `eval/pass_rate`. `purge_step` (a resumed run):
+    TensorBoard drops the events an earlier process wrote at that step and after."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, purge_step: int | None = None):
         from torch.utils.tensorboard import SummaryWriter  # needs the `tensorboard` package
 
         self.folder = folder
-        self.writer = SummaryWriter(log_dir=str(folder))
+        self.writer = SummaryWriter(log_dir=str(folder), purge_step=purge_step)
 
     def log(self, row: dict[str, Any]) -> None:
         prefix = "final/" if row.get("final") else ""
@@ -88,14 +98,27 @@ class TensorBoardLogger:
 
 
 class WandbLogger:
-    """Weights & Biases in offline mode (no network here); `wandb sync <run>/wandb/...` uploads later."""
+    """Weights & Biases in offline mode (no network here); `wandb sync <run>/wandb/...` uploads later.
+    One W&B run per agentrl run: its id is drawn once and kept in `<folder>/run_id`, and a resumed run
+    (`resume_step`) continues it with W&B's rewind, `resume_from="<id>?_step=<resume_step>"`."""
 
-    def __init__(self, folder: Path, project: str, config: dict[str, Any] | None):
+    ID_FILE = "run_id"
+
+    def __init__(self, folder: Path, project: str, config: dict[str, Any] | None, resume_step: int | None = None):
         import wandb
 
         folder.mkdir(parents=True, exist_ok=True)
         self.wandb = wandb
-        self.run = wandb.init(mode="offline", dir=str(folder), project=project, config=config or {})
+        id_file = folder / self.ID_FILE
+        run_id = id_file.read_text().strip() if id_file.is_file() else None
+        kwargs: dict[str, Any] = {}
+        if run_id and resume_step is not None:
+            kwargs["resume_from"] = f"{run_id}?_step={resume_step}"
+        else:  # a new run (or one whose first process never opened W&B): a new W&B run
+            run_id = uuid.uuid4().hex[:12]
+            id_file.write_text(run_id + "\n")
+        self.run = wandb.init(mode="offline", dir=str(folder), project=project, config=config or {}, id=run_id,
+                              **kwargs)
 
     def log(self, row: dict[str, Any]) -> None:
         if row.get("final"):
@@ -129,17 +152,28 @@ class Monitor:
         self._sft_task = None
         self._t0 = time.time()
         self._alarms_on: set[str] = set()
+        # the optional loggers, opened at the first row: after a resumed run's rewind, which says where they go on
         self.loggers: list[Any] = []
+        self._makers: list[tuple[str, Any]] = []
         if tensorboard:
-            self._add_logger("tensorboard", lambda: TensorBoardLogger(self.out / "tensorboard"))
+            self._makers.append(("tensorboard", lambda step: TensorBoardLogger(self.out / "tensorboard", step)))
         if wandb:
-            self._add_logger("wandb", lambda: WandbLogger(self.out / "wandb", wandb_project, config))
+            self._makers.append(("wandb", lambda step: WandbLogger(self.out / "wandb", wandb_project, config, step)))
+        self._pending = bool(self._makers)
+        self._resume_step: int | None = None  # set by rewind: the step the loggers purge from
+        self._relog: list[dict[str, Any]] = []  # the kept rows at that step, logged again after the purge
 
-    def _add_logger(self, name: str, make: Any) -> None:
-        try:
-            self.loggers.append(make())
-        except ImportError as e:  # optional: say so once and go on with metrics.jsonl
-            self.say(f"[yellow]{name} logging skipped[/yellow]: {e} (pip install {name})")
+    def _open_loggers(self) -> None:
+        self._pending = False
+        for name, make in self._makers:
+            try:
+                logger = make(self._resume_step)
+            except ImportError as e:  # optional: say so once and go on with metrics.jsonl
+                self.say(f"[yellow]{name} logging skipped[/yellow]: {e} (pip install {name})")
+                continue
+            for row in self._relog:
+                logger.log(row)
+            self.loggers.append(logger)
 
     def say(self, text: str) -> None:
         self.console.print(text)
@@ -188,6 +222,8 @@ class Monitor:
         """Record one update's metrics (must hold `step`)."""
         record = {"time": round(time.time() - self._t0, 3), **metrics}
         self._file.write(json.dumps(record) + "\n")
+        if self._pending:
+            self._open_loggers()
         for logger in self.loggers:
             logger.log(record)
         if metrics.get("final"):
@@ -228,6 +264,14 @@ class Monitor:
         self._alarms_on = set(position["alarms_on"])
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         self.rows = [r for r in rows if not r.get("final")]
+        # the loggers purge from the checkpoint's step and get its row again (the killed process may have logged
+        # a final evaluation at that step); from step 0 when nothing is kept
+        self._resume_step = int(self.rows[-1]["step"]) if self.rows else 0
+        self._relog = [r for r in self.rows if int(r["step"]) == self._resume_step]
+        for logger in self.loggers:  # opened before the rewind (rows logged first): open them again, purging
+            logger.close()
+        self.loggers = []
+        self._pending = bool(self._makers)
 
     def close(self, summary: dict[str, Any] | None = None) -> None:
         if self._live is not None:

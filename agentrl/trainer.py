@@ -9,6 +9,14 @@
 
 The trainer never branches on the assigner: it looks it up in `ASSIGNERS` and calls `fit` and
 `assign`. Held-out evaluation uses seeds that training never draws.
+
+With `AGENTRL_PHASE_LOG=FILE` in the environment the main process appends one line to FILE as the loop
+enters each phase, `<unix time> <phase> <update>`: start, warm-eval, rollout, update (reference
+log-probs, credit, optimizer steps), eval, log (health checks, metrics row), checkpoint (gathering
+the state and writing it), final-eval, save (the HF folder, summary.json), done. Each line is one
+append write(), so a process killed at any moment leaves the phase it was in as the last line
+(benchmarks/kill_resume.py records it per kill). With rollouts running ahead, `rollout` is the wait
+for one. Unset (the default), nothing is opened or written.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import copy
 import functools
 import json
 import math
+import os
 import random
 import signal
 import threading
@@ -49,6 +58,47 @@ from agentrl.verify.sandbox import isolation_of
 from agentrl.workers import make_pool
 
 CHECKPOINTS = "checkpoints"  # <run>/checkpoints/update_XXXXX: what --resume continues from
+DECISIONS = "decisions.json"  # <run>/decisions.json: what was decided before the run (e.g. --algo auto's pick)
+PHASE_LOG = "AGENTRL_PHASE_LOG"  # env var: a file the loop appends its phases to (module docstring)
+SHARDED = ("FSDP", "DEEPSPEED")  # accelerate's distributed types whose optimizer state is sharded over the ranks
+
+
+class ResumeUnsupported(ValueError):
+    """This run cannot be resumed here (its optimizer state is sharded over the ranks: FSDP, DeepSpeed ZeRO)."""
+
+
+def _refuse_sharded(kind: str, out: Any, saved: str | None = None) -> None:
+    """Refuse a resume under FSDP / DeepSpeed (`kind`, accelerate's distributed type), or of a checkpoint
+    (`saved`, its folder's name) that was written under one."""
+    if kind not in SHARDED:
+        return
+    what = f"its checkpoint {saved} was saved under {kind}" if saved else f"this launch trains under {kind}"
+    raise ResumeUnsupported(
+        f"--resume {out}: {what}, and resuming a sharded run is not supported: the optimizer's state is sharded over "
+        "the ranks and a checkpoint holds only the main process's share, so the resumed run would not continue the "
+        "one saved (docs/distributed.md, 'Checkpoints'). Start a new run; runs trained with DDP (no FSDP or "
+        "DeepSpeed config) resume")
+
+
+def _kind(distributed_type: Any) -> str:
+    return str(getattr(distributed_type, "value", distributed_type)).upper()
+
+
+class _Phases:
+    """The phase log (AGENTRL_PHASE_LOG, module docstring): one append write per phase, nothing when unset."""
+
+    def __init__(self, enabled: bool):
+        path = os.environ.get(PHASE_LOG) if enabled else None
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if path else None
+
+    def __call__(self, phase: str, update: int) -> None:
+        if self.fd is not None:
+            os.write(self.fd, f"{time.time():.6f} {phase} {update}\n".encode())
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 class EpisodeErrors(RuntimeError):
@@ -175,7 +225,10 @@ class Trainer:
         bf16 = cfg.optim.bf16 and device.type == "cuda" and torch.cuda.is_bf16_supported()
         # first: under a multi-process launch this joins the process group (agentrl.distributed)
         self.accelerator = Accelerator(cpu=device.type == "cpu", mixed_precision="bf16" if bf16 else "no")
+        if resume:  # before any work: the policy, the run folder and its checkpoints are not touched
+            _refuse_sharded(_kind(self.accelerator.distributed_type), cfg.out)
         self.ranks = ranks = Ranks()
+        self.phase = _Phases(ranks.main)
         if cfg.rollout.groups < ranks.world:
             raise ValueError(f"rollout.groups is {cfg.rollout.groups} but the run has {ranks.world} processes: each "
                              "process rolls out whole groups, so give it at least one group per process")
@@ -269,6 +322,10 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         if not resume or not (self.out / "config.yaml").exists():  # a resumed run keeps its own (and its header)
             (self.out / "config.yaml").write_text(_decisions_header(self.decisions) + self.cfg.to_yaml())
+            if self.decisions:  # and, read back exactly, for a run resumed before its first checkpoint
+                tmp = self.out / f"{DECISIONS}.tmp"
+                tmp.write_text(json.dumps(self.decisions, indent=1))
+                tmp.replace(self.out / DECISIONS)
 
     # -- checkpoints: everything the next update depends on ----------------------------------------
 
@@ -313,6 +370,7 @@ class Trainer:
             "last_eval": None if self.last_eval is None else asdict(self.last_eval),
             "stopped": self.stopped, "decisions": self.decisions, "monitor": self.monitor.position(),
             "engine_state": engine is not None, "processes": self.ranks.world,
+            "distributed_type": _kind(self.accelerator.distributed_type),
         }
         files = {"model.pt": weights, "optimizer.pt": self.optimizer.state_dict(),
                  "assigner.pt": self.assigner.state_dict(),
@@ -326,11 +384,15 @@ class Trainer:
             self.monitor.say(f"[yellow]warning[/yellow]: {self.out} has no checkpoint that verifies; the run starts "
                              "from the beginning")
             self.monitor.rewind({"bytes": 0, "alarms_on": []})
+            decided = self.out / DECISIONS  # what the first start decided (--algo auto's pick): the run's still
+            if decided.is_file():
+                self.decisions = {**json.loads(decided.read_text()), **self.decisions}
             if self.ranks.main:
                 truncate_store(self.out / "store", 0)
             return
         folder, _ = found
         state = read_checkpoint(folder, "state.json")
+        _refuse_sharded(str(state.get("distributed_type", "NO")), self.out, saved=folder.name)
         model = self.accelerator.unwrap_model(self.model)
         weights = read_checkpoint(folder, "model.pt")
         missing, unexpected = model.load_state_dict(weights, strict=not self.cfg.optim.lora.r)
@@ -659,9 +721,11 @@ class Trainer:
         handlers = {}
         if threading.current_thread() is threading.main_thread():
             handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        self.phase("start", self.done)
         try:
             return self._train(warm)
         finally:
+            self.phase.close()
             for s, h in handlers.items():
                 signal.signal(s, h)
 
@@ -673,6 +737,7 @@ class Trainer:
                          f"{cfg.algo}; {cfg.updates} updates of {cfg.rollout.groups}x{cfg.rollout.group_size} episodes "
                          f"on {cfg.env.id}")
         if self.warm is None:  # a fresh run (a resumed one has it from its checkpoint)
+            self.phase("warm-eval", 0)
             self.warm = warm or self.evaluate()
             self.last_eval = self.warm
             self.monitor.say(f"warm start: held-out pass rate {self.warm.pass_rate:.3f} over {self.warm.episodes} "
@@ -699,6 +764,7 @@ class Trainer:
         if ahead is not None:
             ahead.close()
         if not saved and self.done:  # the end, when the last update was not saved (a stop by an alarm is)
+            self.phase("checkpoint", self.done)
             self.checkpoint()
         self._exit_on_signal()
         return self._finish(t_start, warm)
@@ -710,9 +776,11 @@ class Trainer:
         for update in range(self.done + 1, cfg.updates + 1):
             if self.stopped:
                 break
+            self.phase("rollout", update)
             t0 = time.perf_counter()
             episodes, metrics = ahead.get(update) if ahead is not None else self.collect(update)
             t_roll = time.perf_counter() - t0  # with rollouts ahead: only the wait for one not yet done
+            self.phase("update", update)
             metrics.update(self._staleness(update, episodes))
             batch = make_batch(episodes, self.policy.chat.pad_id)
             owner = torch.tensor([self.owner[e.group_id] for e in episodes]) if self.ranks.world > 1 else None
@@ -739,8 +807,10 @@ class Trainer:
             metrics["time/rollout_s"] = t_roll
             metrics["time/update_s"] = time.perf_counter() - t0
             if cfg.eval.every and update % cfg.eval.every == 0 and update != cfg.updates:
+                self.phase("eval", update)
                 self.last_eval = self.evaluate()
                 metrics.update(self.last_eval.metrics())
+            self.phase("log", update)
             self.done = update
             # every rank logs, checks and acts on the main process's row (its timings), so all decide alike
             metrics = self.ranks.broadcast(metrics)
@@ -748,6 +818,7 @@ class Trainer:
             self._agree_on_signal()
             saved = bool((every and update % every == 0) or update == cfg.updates or self.stopped or self._signal)
             if saved:
+                self.phase("checkpoint", update)
                 t_ckpt = time.perf_counter()
                 self.checkpoint()
                 self.checkpoint_seconds.append(time.perf_counter() - t_ckpt)
@@ -766,8 +837,10 @@ class Trainer:
         """The final held-out evaluation, the trained model as an HF folder, summary.json."""
         cfg = self.cfg
         done, stopped, last_eval = self.done, self.stopped, self.last_eval
+        self.phase("final-eval", done)
         final = self.evaluate() if done else last_eval
         self.monitor.log({"step": done, **final.metrics(), "final": True})
+        self.phase("save", done)
         ckpt = self.out / "checkpoint"
         model = self.accelerator.unwrap_model(self.model)
         if self.ranks.main:
@@ -810,6 +883,7 @@ class Trainer:
             self.monitor.say(f"checkpoints: {len(self.checkpoint_seconds)} written, "
                              f"{sum(self.checkpoint_seconds) / len(self.checkpoint_seconds):.2f}s each")
         self.monitor.close(summary)
+        self.phase("done", done)
         return summary
 
 

@@ -25,6 +25,7 @@ observation and the horizon changes nothing but the number of turns (an earlier 
 from __future__ import annotations
 
 import json
+import numbers
 
 import gymnasium
 
@@ -37,6 +38,9 @@ class VaultEnv(AgentEnv):
     system_prompt = "Open the vault."
 
     def __init__(self, locks: int = 3, slack: int = 1, max_operand: int = 4):
+        for name, value in (("locks", locks), ("slack", slack), ("max_operand", max_operand)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):  # 2.5 locks would fail at reset
+                raise ValueError(f"Vault: {name} must be a whole number, got {value!r}")
         if not 1 <= locks <= 32:
             raise ValueError(f"Vault: locks must be between 1 and 32, got {locks}")
         if slack < 0:
@@ -44,7 +48,7 @@ class VaultEnv(AgentEnv):
         if not 1 <= max_operand <= 9:
             raise ValueError(f"Vault: max_operand must be between 1 and 9, got {max_operand}")
         super().__init__(max_turns=2 * locks + slack)
-        self.locks, self.slack, self.max_operand = locks, slack, max_operand
+        self.locks, self.slack, self.max_operand = int(locks), int(slack), int(max_operand)
         self.clues: list[tuple[int, int]] = []
         self.opened = 0
         self.clue_read = False
@@ -121,7 +125,8 @@ class VaultEnv(AgentEnv):
         if self.clue_read:
             return _call("open", lock=lock, code=code)
         if noise > 0 and rng.random() < noise:
-            wrong = [c for c in range(2, 2 * self.max_operand + 1) if c != code]
+            # a wrong code a clue could give; with max_operand 1 every clue is 1+1, so one past it
+            wrong = [c for c in range(2, 2 * self.max_operand + 1) if c != code] or [code + 1]
             return _call("open", lock=lock, code=int(rng.choice(wrong)))
         return _call("clue", lock=lock)
 

@@ -248,3 +248,256 @@ def _tolist(x):
     if isinstance(x, (list, tuple)):
         return [_tolist(v) for v in x]
     return x
+
+
+class _Crash(BaseException):
+    """A kill -9 at one point of a save (BaseException: nothing in write() may catch it)."""
+
+
+def _crashing_write(monkeypatch, at: int | None, partial_rmtree: bool) -> list[str]:
+    """Patch the file-system steps of agentrl.checkpoint.write so that step number `at` (0-based) "kills" the
+    process: it raises before doing anything, or with `partial_rmtree` a folder removal deletes one file first.
+    Returns the list the steps are recorded in (with at=None nothing crashes: a dry run that counts them)."""
+    import agentrl.checkpoint as ck
+
+    steps: list[str] = []
+    real = {"rename": Path.rename, "mkdir": Path.mkdir, "write_text": Path.write_text, "save": torch.save,
+            "fsync": ck._fsync, "rmtree": shutil.rmtree}
+
+    def step(name, fn):
+        def run(*a, **k):
+            if at is not None and len(steps) == at:
+                steps.append(name)
+                if name == "rmtree" and partial_rmtree:  # killed half-way through removing a folder
+                    first = next((f for f in Path(a[0]).rglob("*") if f.is_file()), None)
+                    if first is not None:
+                        first.unlink()
+                raise _Crash(name)
+            steps.append(name)
+            return fn(*a, **k)
+        return run
+
+    monkeypatch.setattr(Path, "rename", step("rename", real["rename"]))
+    monkeypatch.setattr(Path, "mkdir", step("mkdir", real["mkdir"]))
+    monkeypatch.setattr(Path, "write_text", step("write_text", real["write_text"]))
+    monkeypatch.setattr(ck.torch, "save", step("save", real["save"]))
+    monkeypatch.setattr(ck, "_fsync", step("fsync", real["fsync"]))
+    monkeypatch.setattr(ck.shutil, "rmtree", step("rmtree", real["rmtree"]))
+    return steps
+
+
+def _payload(tag: str) -> dict:
+    return {"state.json": {"tag": tag}, "model.pt": {"w": torch.full((4,), float(len(tag)))}}
+
+
+@pytest.mark.parametrize("scenario", ["first-save", "re-save", "re-save-over-corrupt"])
+def test_a_kill_at_any_point_of_a_save_leaves_a_loadable_checkpoint(tmp_path, monkeypatch, scenario):
+    """Every step of `write` is a place a kill -9 can land (before it, or half-way through a folder removal):
+    after each, `latest` finds a checkpoint that verifies and reads, and never one older than before the save.
+    The re-save's kill between its two renames used to leave only `.old-*` and `.tmp-*`, both removed."""
+
+    def setup(root: Path) -> None:
+        if scenario == "first-save":
+            write(root, 1, _payload("one"), keep=1)
+        else:
+            write(root, 2, _payload("old"), keep=3)
+            if scenario == "re-save-over-corrupt":
+                (root / "update_00002" / "model.pt").write_bytes(b"lost writes")
+
+    # what each outcome may be: (update, tag) pairs; None: no checkpoint at all
+    allowed = {"first-save": {(1, "one"), (2, "new")}, "re-save": {(2, "old"), (2, "new")},
+               "re-save-over-corrupt": {None, (2, "new")}}[scenario]
+    dry = tmp_path / "dry"
+    setup(dry)
+    with monkeypatch.context() as m:
+        counted = _crashing_write(m, None, False)
+        write(dry, 2, _payload("new"), keep=1)
+        n = len(counted)
+    assert n >= 10 and (read(latest(dry)[0], "state.json")["tag"]) == "new"
+    for at in range(n):
+        for partial in (False, True):
+            root = tmp_path / f"at{at}-{partial}"
+            setup(root)
+            with monkeypatch.context() as m:
+                steps = _crashing_write(m, at, partial)
+                with pytest.raises(_Crash):
+                    write(root, 2, _payload("new"), keep=1)
+            warnings: list[str] = []
+            found = latest(root, warn=warnings.append)
+            got = None if found is None else (found[1]["update"], read(found[0], "state.json")["tag"])
+            assert got in allowed, f"killed at step {at} ({steps[-1]}, partial {partial}): {got}; {warnings}"
+            if found is not None:
+                assert read(found[0], "model.pt")["w"].shape == (4,)
+            assert not [p.name for p in root.iterdir() if p.name.startswith(".")], "leftovers kept"
+            # and the run goes on: the next save from there works
+            write(root, 3, _payload("three"), keep=1)
+            assert latest(root)[1]["update"] == 3
+
+
+def _sharded_accelerator(kind):
+    from accelerate import Accelerator
+
+    class Sharded(Accelerator):  # the real accelerator on the CPU, reporting the sharded type a launch would give
+        @property
+        def distributed_type(self):
+            return kind
+
+    return Sharded
+
+
+def _rewrite_state(folder: Path, **changes) -> None:
+    """Change a checkpoint's state.json and its manifest's checksum with it (a checkpoint written so)."""
+    import agentrl.checkpoint as ck
+
+    state = json.loads((folder / "state.json").read_text())
+    (folder / "state.json").write_text(json.dumps({**state, **changes}))
+    manifest = json.loads((folder / ck.MANIFEST).read_text())
+    manifest["files"]["state.json"] = ck.sha256(folder / "state.json")
+    (folder / ck.MANIFEST).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("kind", ["FSDP", "DEEPSPEED"])
+def test_resume_under_fsdp_or_deepspeed_is_refused_before_any_work(tmp_path, full_run, vault_policy_dir, monkeypatch,
+                                                                   capsys, kind):
+    """A checkpoint holds only the main rank's optimizer state, which FSDP and ZeRO shard: resuming under them is
+    refused by accelerate's distributed type, before the policy loads or the run folder changes; and a checkpoint
+    saved under them is refused by a resume under DDP too."""
+    from accelerate.utils import DistributedType
+
+    import agentrl.trainer as tr
+
+    run = tmp_path / "run"
+    shutil.copytree(full_run, run)
+    before = {p: p.stat().st_mtime_ns for p in run.rglob("*")}
+    with monkeypatch.context() as m:
+        m.setattr("accelerate.Accelerator", _sharded_accelerator(DistributedType(kind)))
+        m.setattr(tr.Policy, "load", lambda *a, **k: pytest.fail("the policy was loaded"))
+        with pytest.raises(tr.ResumeUnsupported, match=f"under {kind}"):
+            Trainer(run_config(run, vault_policy_dir), resume=True)
+        assert cli.main(["train", "--resume", str(run)]) == 2  # the command line: a usage error, no traceback
+        err = capsys.readouterr().err
+        assert f"agentrl: error: --resume {run}" in err and "not supported" in err and "Traceback" not in err
+    assert {p: p.stat().st_mtime_ns for p in run.rglob("*")} == before
+    newest = checkpoints(run / CHECKPOINTS)[-1]
+    _rewrite_state(newest, distributed_type=kind)
+    with pytest.raises(tr.ResumeUnsupported, match=f"{newest.name} was saved under {kind}"):
+        Trainer(run_config(run, vault_policy_dir), monitor=quiet_monitor(run, run_config(run, vault_policy_dir))[0],
+                resume=True)
+    saved = json.loads((checkpoints(full_run / CHECKPOINTS)[-1] / "state.json").read_text())
+    assert saved["distributed_type"] == "NO"  # what a one-process CPU run records
+
+
+def test_algo_auto_pick_survives_a_resume_before_the_first_checkpoint(tmp_path, vault_policy_dir, monkeypatch):
+    """--algo auto's decision is written into the run folder when the run starts (decisions.json), so a run killed
+    before its first checkpoint and resumed still says in summary.json what picked its assigner and why."""
+    from agentrl.trainer import DECISIONS
+
+    run = tmp_path / "run"
+    picked = {"algo": "gigpo", "rule": "R2", "reason": "states repeat across episodes", "advice": None,
+              "statistics": {"turns_mean": 2.0, "zero_adv_frac": 0.25}, "thresholds": "test", "budget_episodes": 8,
+              "family": None}
+
+    def probe(cfg):
+        return TrainConfig(**{**cfg.model_dump(exclude={"credit"}), "algo": "gigpo"}), {"algo_auto": picked}
+
+    class Killed(BaseException):
+        pass
+
+    def killed_at_start(self, warm=None):
+        raise Killed  # a kill -9 during the warm-start evaluation: no checkpoint yet
+
+    argv = ["train", "--env", "test_e2e:Babble", "--model", str(vault_policy_dir), "--out", str(run), "--updates", "2",
+            "--rollout.groups", "2", "--rollout.group-size", "2", "--rollout.sampling.max-new-tokens", "8",
+            "--rollout.env-workers", "serial", "--eval.episodes", "2"]
+    with monkeypatch.context() as m:
+        m.setattr("agentrl.cli._probe_for_auto", probe)
+        m.setattr(Trainer, "train", killed_at_start)
+        with pytest.raises(Killed):
+            cli.main([*argv, "--algo", "auto"])
+    assert not (run / CHECKPOINTS).exists()
+    assert json.loads((run / DECISIONS).read_text())["algo_auto"] == picked
+    assert cli.main(["train", "--resume", str(run)]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["algo"] == "gigpo" and summary["decisions"]["algo_auto"] == picked
+
+
+def _rows(steps, tag: float) -> list[dict]:
+    return [{"step": s, "rollout/pass_rate": tag + s / 100, "train/kl": tag} for s in steps]
+
+
+def _log_killed_and_resumed(out: Path, **loggers) -> tuple[list[dict], list[dict]]:
+    """A run that logged steps 0-5 and a final row at 5 (then was killed), resumed from the checkpoint after step 3:
+    the rewound monitor logs steps 4-6 and the final row again, with other values. Returns both runs' rows."""
+    console = Console(file=io.StringIO(), width=200)
+    out.mkdir(parents=True, exist_ok=True)
+    first = Monitor(out, total=6, console=console, **loggers)
+    killed = _rows(range(6), 0.0)
+    at_checkpoint = None
+    for r in killed:
+        first.log(r)
+        if r["step"] == 3:
+            at_checkpoint = first.position()
+    first.log({"step": 5, "eval/pass_rate": 0.5, "final": True})
+    first.close()  # (a kill leaves the files as they are; closing only flushes what was logged)
+    second = Monitor(out, total=6, console=console, **loggers)
+    second.rewind(at_checkpoint)
+    resumed = _rows(range(4, 7), 1.0)
+    for r in resumed:
+        second.log(r)
+    second.log({"step": 6, "eval/pass_rate": 0.75, "final": True})
+    second.close()
+    return killed, resumed
+
+
+def test_tensorboard_of_a_resumed_run_holds_one_value_per_step_the_resumed_ones(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    killed, resumed = _log_killed_and_resumed(tmp_path / "run", tensorboard=True)
+    acc = EventAccumulator(str(tmp_path / "run" / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    want = {r["step"]: r for r in killed if r["step"] <= 3} | {r["step"]: r for r in resumed}
+    for tag in ("rollout/pass_rate", "train/kl"):
+        events = acc.Scalars(tag)
+        assert [e.step for e in events] == list(range(7)), tag  # once each: no second value from the killed process
+        assert [e.value for e in events] == pytest.approx([want[s][tag] for s in range(7)])
+    finals = acc.Scalars("final/eval/pass_rate")  # the killed process's final row (at step 5) is purged too
+    assert [(e.step, e.value) for e in finals] == [(6, 0.75)]
+
+
+def test_wandb_of_a_resumed_run_continues_its_run_rewound_to_the_checkpoint(tmp_path, monkeypatch):
+    """No W&B server here: a stand-in `wandb` module records what the logger asks of the SDK."""
+    import types
+
+    calls: list[dict] = []
+
+    class FakeRun:
+        def __init__(self, kwargs):
+            self.kwargs, self.logged, self.summary = kwargs, [], {}
+            calls.append(self.kwargs)
+
+        def log(self, data, step):
+            self.logged.append((step, dict(data)))
+
+        def finish(self):
+            pass
+
+    runs: list[FakeRun] = []
+    fake = types.ModuleType("wandb")
+    fake.init = lambda **kw: runs.append(FakeRun(kw)) or runs[-1]
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    _log_killed_and_resumed(tmp_path / "run", wandb=True, wandb_project="p")
+    first, second = runs
+    run_id = first.kwargs["id"]
+    assert first.kwargs["mode"] == "offline" and "resume_from" not in first.kwargs
+    assert second.kwargs["id"] == run_id and second.kwargs["resume_from"] == f"{run_id}?_step=3"
+    assert [s for s, _ in first.logged] == [0, 1, 2, 3, 4, 5]
+    assert [s for s, _ in second.logged] == [3, 4, 5, 6]  # the checkpoint's row again, then the resumed ones
+    assert second.logged[0][1]["train/kl"] == 0.0 and second.logged[1][1]["train/kl"] == 1.0
+    assert second.summary == {"final/eval/pass_rate": 0.75}
+    # a run started afresh in the folder (--overwrite removes wandb/) gets a W&B run of its own
+    from agentrl.checkpoint import clear_run
+
+    clear_run(tmp_path / "run")
+    Monitor(tmp_path / "run", total=1, console=Console(file=io.StringIO()), wandb=True).log({"step": 0, "x": 1.0})
+    assert runs[-1].kwargs["id"] != run_id and "resume_from" not in runs[-1].kwargs
