@@ -240,3 +240,47 @@ def check_env(env: AgentEnv | str | type, **kwargs: Any) -> list[CheckResult]:
         if name == "is_agent_env" and not results[-1].ok:
             break
     return results
+
+
+@dataclass
+class PromptReport:
+    """What a model makes of an environment's first turn (`agentrl show-prompt`)."""
+
+    model: str
+    tool_format: str
+    template_renders_tools: bool
+    prompt: str  # the first prompt exactly as the model sees it
+    prompt_tokens: int
+    tools_named: dict[str, bool]  # tool name -> whether the prompt names it
+    layout: Any = None  # the re-render check of one expert episode (agentrl.chat.layout.Rerender), if any
+    expert_text: str | None = None  # the expert's first action, in the model's call format
+
+
+def prompt_report(env: AgentEnv | str, model: str, tool_format: str | None = None, seed: int = 0,
+                  **kwargs: Any) -> PromptReport:
+    """The first prompt of `env` (seed `seed`) for `model` (its tokenizer only: no weights are loaded),
+    and, where the env has an expert, one expert episode laid out by the rollout and re-rendered
+    through the template (the tokens trained on against the template's own layout)."""
+    from transformers import AutoTokenizer
+
+    from agentrl.chat.layout import ChatFormat, rerender_check
+    from agentrl.engines.base import ScriptedEngine
+    from agentrl.models import resolve
+    from agentrl.rollout import rollout
+
+    if isinstance(env, str):
+        env = make(env, **kwargs)
+    chat = ChatFormat(AutoTokenizer.from_pretrained(resolve(model)), tool_format)
+    obs, _ = env.reset(seed=seed)
+    tools = env.tool_schemas()
+    prompt = chat.prompt_text(obs, tools, env.system_prompt)
+    report = PromptReport(model, chat.tool_format.name, chat.template_renders_tools, prompt,
+                          len(chat.encode(prompt)), {t["function"]["name"]: t["function"]["name"] in prompt
+                                                     for t in tools})
+    if has_expert(env):
+        env.reset(seed=seed)
+        report.expert_text = chat.expert_text(env.expert_action(0.0))
+        engine = ScriptedEngine(lambda row: chat.action_ids(chat.expert_text(env.expert_action(0.0))), chat.eos_id)
+        (episode,), _ = rollout([env], [seed], engine, chat, workers="serial")
+        report.layout = rerender_check(chat, episode, obs, tools, env.system_prompt)
+    return report
