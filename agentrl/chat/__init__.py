@@ -1,6 +1,6 @@
 """Tool-call formats of model families: how each writes a call, read and written, one module per family.
 
-Choosing one is a lookup in `FORMATS` (``--chat.tool-format NAME``), or `detect_format` from the
+Choosing one is a lookup in `FORMATS` (``--tool-format NAME``), or `detect_format` from the
 tokenizer's chat template: the first family, in `FORMATS` order, whose markers the template renders.
 The order goes from the most specific markers to the least, because some templates hold several:
 
@@ -43,7 +43,7 @@ FORMATS: dict[str, ToolFormat] = {f.name: f for f in (
 
 
 def register_format(fmt: ToolFormat, *, replace: bool = False) -> ToolFormat:
-    """Add a family; `get_format` and `--chat.tool-format` see it from then on, and `detect_format` tries
+    """Add a family; `get_format` and `--tool-format` see it from then on, and `detect_format` tries
     it after the built-in ones."""
     if fmt.name in FORMATS and not replace:
         raise ValueError(f"a tool format named {fmt.name!r} is already registered (pass replace=True to override it)")

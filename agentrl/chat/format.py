@@ -41,7 +41,7 @@ class ToolFormat(ABC):
     [ToolCall(name='open', arguments={'lock': 1}, error=None)]
     """
 
-    name: str  # kebab-case id, as `--chat.tool-format` takes it
+    name: str  # kebab-case id, as `--tool-format` takes it
     hint: str  # the one-line reminder for a turn that holds no call at all
     convention: str  # one sentence for `instructions`: how a call is written in this family
     stop_strings: tuple[str, ...] = ()  # text after which generation can stop (the end of a call)
