@@ -338,10 +338,11 @@ class TrainConfig(Strict):
     env: EnvConfig = Field(default_factory=EnvConfig, description="The environment to train in.")
     model: str | None = Field(None, description="HF hub id or folder. None builds the tiny policy and warm-starts it "
                               "by SFT (cached).")
-    tool_format: str | None = Field(None, description="How the model writes tool calls, a key of agentrl.chat.FORMATS "
-                                    "(hermes, qwen3-coder, llama3-json, mistral, pythonic, harmony). None: detected "
-                                    "from the chat template's own markers, Hermes when it has none (the tiny policy, "
-                                    "SmolLM2): a model trained on one family's calls rarely writes another's.")
+    tool_format: str | None = Field(None, description="How the model writes tool calls, a key of "
+                                    "agentrl.chat.FORMATS (hermes, qwen3-coder, llama3-json, mistral, mistral-v11, "
+                                    "pythonic, harmony). None: detected from the chat template's own markers, Hermes "
+                                    "when it has none (the tiny policy, SmolLM2): a model trained on one family's "
+                                    "calls rarely writes another's.")
     engine: str = Field("torch", description="Generation backend, a key of agentrl.engines.ENGINES: torch (CPU/GPU) or "
                         "vllm (GPU, [vllm] extra).")
     device: str = Field("auto", description="'auto' (cuda if available), 'cpu', 'cuda' or 'cuda:N'.")
