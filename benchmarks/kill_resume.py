@@ -329,12 +329,43 @@ def main() -> None:
         plans = [{"kind": "write", "update": later[k % len(later)]} for k in range(a.write_kills)]
         plans += [{"kind": "timed", "fraction": f} for f in stratified(a.kills - a.write_kills, rng)]
         rng.shuffle(plans)
-        runs = []
+        runs: list[dict[str, object]] = []
+        path = RESULTS / ("kill_resume_quick.json" if a.quick else "kill_resume.json")
+
+        def result(complete: bool, arrival: dict | None = None) -> dict[str, object]:
+            matching = sum(r["match"] for r in runs)
+            out = {
+                "benchmark": "kill_resume", "complete": complete, "quick": a.quick, "updates": a.updates,
+                "batch": f"{a.groups}x{a.group_size}", "checkpoint_every": a.every, "eval_every": a.eval_every,
+                "eval_episodes": a.eval_episodes, "env_workers": "serial", "seed": a.seed, "source": a.source,
+                "baseline_wall_s": round(ref.t_exit - ref.t0, 2), "timing_run": timeline(timing),
+                "first_checkpoint_at_s": round(t_ck - timing.t0, 2), "rest_after_first_checkpoint_s": round(rest_s, 2),
+                "runs_left_alone_equal": left_alone["match"],
+                "checkpoints": ckpt_n, "checkpoint_s": ckpt_s,
+                "checkpoint_share": round(ckpt_n * ckpt_s / (ref.t_exit - ref.t0), 4) if ckpt_n else None,
+                "runs_tried": len(runs), "runs_matching": matching, "ratio": matching / max(len(runs), 1),
+                "kills_live": sum(bool(r["killed_running"]) for r in runs),
+                "kills_after_first_checkpoint": sum(bool(r["after_first_checkpoint"]) for r in runs),
+                "kills_during_checkpoint_write": sum(bool(r["during_checkpoint_write"]) for r in runs),
+                "kills_by_phase": dict(Counter(r["phase"] for r in runs).most_common()),
+                "resumed_from_update": dict(sorted(Counter(r["resumed_from_update"] for r in runs).items())),
+                "load_average_start": [round(x, 2) for x in load_start],
+                "load_average_end": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(),
+                "benchmark_s": round(time.time() - t_bench),
+                "runs": runs,
+            }
+            if arrival is not None:
+                out["arrival"] = arrival
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(out, indent=2) + "\n")  # after every run: a long run's figures survive it
+            return out
+
         for i, plan in enumerate(plans):
             out = work / f"run{i}"
             entry = cut_run(i, out, a, plan, rest_s, rng)
             entry.update(compare(work / "ref", out, a.updates))
             runs.append(entry)
+            result(False)
             print(f"run {i}: SIGKILL at {entry['kill_at_s']:.2f}s ({entry['kind']}, phase {entry['phase']} of update "
                   f"{entry['phase_update']}{', during the write' if entry['during_checkpoint_write'] else ''}), "
                   f"resumed from update {entry['resumed_from_update']}: "
@@ -342,33 +373,14 @@ def main() -> None:
             shutil.rmtree(out, ignore_errors=True)
         arrival = None
         if a.arrival:
-            arrival = arrival_runs(work, a, rng)
+            result(True)
+            try:
+                arrival = arrival_runs(work, a, rng)
+            except Exception as e:  # noqa: BLE001 (the serial figures above stand; say why this part has none)
+                arrival = {"error": f"{type(e).__name__}: {e}"}
+                print(f"arrival: failed: {arrival['error']}", flush=True)
         matching = sum(r["match"] for r in runs)
-        result = {
-            "benchmark": "kill_resume", "quick": a.quick, "updates": a.updates, "batch": f"{a.groups}x{a.group_size}",
-            "checkpoint_every": a.every, "eval_every": a.eval_every, "eval_episodes": a.eval_episodes,
-            "env_workers": "serial", "seed": a.seed, "source": a.source,
-            "baseline_wall_s": round(ref.t_exit - ref.t0, 2), "timing_run": timeline(timing),
-            "first_checkpoint_at_s": round(t_ck - timing.t0, 2), "rest_after_first_checkpoint_s": round(rest_s, 2),
-            "runs_left_alone_equal": left_alone["match"],
-            "checkpoints": ckpt_n, "checkpoint_s": ckpt_s,
-            "checkpoint_share": round(ckpt_n * ckpt_s / (ref.t_exit - ref.t0), 4) if ckpt_n else None,
-            "runs_tried": len(runs), "runs_matching": matching, "ratio": matching / max(len(runs), 1),
-            "kills_live": sum(bool(r["killed_running"]) for r in runs),
-            "kills_after_first_checkpoint": sum(bool(r["after_first_checkpoint"]) for r in runs),
-            "kills_during_checkpoint_write": sum(bool(r["during_checkpoint_write"]) for r in runs),
-            "kills_by_phase": dict(Counter(r["phase"] for r in runs).most_common()),
-            "resumed_from_update": dict(sorted(Counter(r["resumed_from_update"] for r in runs).items())),
-            "load_average_start": [round(x, 2) for x in load_start],
-            "load_average_end": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(),
-            "benchmark_s": round(time.time() - t_bench),
-            "runs": runs,
-        }
-        if arrival is not None:
-            result["arrival"] = arrival
-        path = RESULTS / ("kill_resume_quick.json" if a.quick else "kill_resume.json")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")
+        result = result(True, arrival)
         print(f"{matching}/{len(runs)} resumed runs match the uninterrupted one bit for bit; "
               f"{result['kills_live']} kills of a live process, {result['kills_after_first_checkpoint']} after the "
               f"first checkpoint, {result['kills_during_checkpoint_write']} during a checkpoint write; phases "
