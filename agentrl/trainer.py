@@ -25,12 +25,14 @@ import contextlib
 import copy
 import functools
 import json
+import logging
 import math
 import os
 import random
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -151,10 +153,12 @@ def eval_sampling(cfg: TrainConfig) -> SamplingConfig:
 
 
 def evaluate(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig | None, max_context: int,
-             ranks: Ranks | None = None) -> EvalResult:
+             ranks: Ranks | None = None, say: Callable[[str], None] | None = None) -> EvalResult:
     """Pass rate on the held-out seeds (the same seeds every time, so evaluations compare), sampled
     with `sampling` (None: `eval_sampling(cfg)`). With `ranks`, each process rolls out its block of
-    the seeds and the episodes are gathered: every rank returns the same result."""
+    the seeds and the episodes are gathered: every rank returns the same result. An evaluation that
+    runs longer than a few seconds (a real model on a CPU) says its progress and ETA through `say`
+    (default: the agentrl logger)."""
     sampling = sampling or eval_sampling(cfg)
     n = cfg.eval.episodes
     lo, hi = ranks.block(n) if ranks is not None else (0, n)
@@ -167,7 +171,8 @@ def evaluate(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig | None, 
         with make_pool(cfg.rollout.env_workers, cfg.rollout.tool_timeout, cfg.rollout.tool_timeouts) as pool:
             return rollout(envs, seeds, engine, policy.chat, max_context=max_context,
                            max_new_tokens=sampling.max_new_tokens, workers=pool,
-                           max_batch_rows=cfg.rollout.max_batch_rows, schedule=cfg.rollout.schedule, row_offset=lo)[0]
+                           max_batch_rows=cfg.rollout.max_batch_rows, schedule=cfg.rollout.schedule, row_offset=lo,
+                           on_episode=progress("held-out evaluation", say))[0]
 
     if ranks is None:
         episodes = roll()
@@ -180,6 +185,26 @@ def evaluate(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig | None, 
         turns_mean=float(np.mean([e.num_turns for e in episodes])),
         episodes=n,
     )
+
+
+def progress(what: str, say: Callable[[str], None] | None = None, after: float = 5.0,
+             every: float = 10.0) -> Callable[[int, int], None]:
+    """An `on_episode(done, total)` callback that says `what`'s progress and ETA, once the work has
+    run `after` seconds and then at most every `every` seconds (quiet for the tiny policy's
+    sub-second evaluations)."""
+    say = say or logging.getLogger(__name__).info
+    t0 = time.monotonic()
+    last = [t0]
+
+    def tick(done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - t0 < after or (now - last[0] < every and done < total):
+            return
+        last[0] = now
+        eta = (now - t0) / done * (total - done)
+        say(f"  {what}: {done}/{total} episodes, {now - t0:.0f}s, ETA {eta:.0f}s")
+
+    return tick
 
 
 def _raise_on_errors(episodes: list[Episode], saved: Path | None) -> None:
@@ -256,7 +281,7 @@ class Trainer:
         if source is None:
             raise ValueError("no policy to train: set model (a folder or hub id), or pass start= the warm start that "
                              "agentrl.stages.sft.warm_start builds (agentrl.trainer.train(cfg) does both)")
-        self.policy = Policy.load(source, device=device)
+        self.policy = Policy.load(source, device=device, tool_format=cfg.tool_format)
         self.warm_start_dir = Path(start) if cfg.model is None else None
         if self.warm_start_dir is not None:
             self.decisions["warm_start"] = _warm_start_record(self.warm_start_dir)
@@ -286,7 +311,8 @@ class Trainer:
                 raise ValueError("rollout.max_staleness > 0 runs in one process for now: its rollout thread and the "
                                  "ranks' exchanges would share one process group; use max_staleness 0 with several")
             self.actor = copy.deepcopy(self.accelerator.unwrap_model(self.model)).eval().requires_grad_(False)
-        generator = self.policy if self.actor is None else Policy(self.actor, self.policy.tokenizer)
+        generator = self.policy if self.actor is None else Policy(self.actor, self.policy.tokenizer,
+                                                                        self.policy.chat.tool_format)
         self.engine = make_engine(cfg, generator, cfg.rollout.sampling, seed=cfg.seed,
                                   capture_hidden=self.spec.reads_hidden(cfg.credit))
         self.rollout_starts: dict[int, dict[str, Any]] = {}  # update -> the stream's state when its rollout began
