@@ -348,8 +348,11 @@ class TrainConfig(Strict):
     device: str = Field("auto", description="'auto' (cuda if available), 'cpu', 'cuda' or 'cuda:N'.")
     updates: int = Field(40, ge=0, description="Policy updates (each one rollout batch); 40 lift Vault-v0 by ~0.3 in "
                          "~100 s on 2 cores.")
-    seed: int = Field(0, description="Seeds the model build, the warm start, sampling and the task stream; the same "
-                      "seed repeats a run on CPU.")
+    seed: int = Field(0, description="Seeds the model build, the warm start, sampling and the task stream. On a CPU "
+                      "the same seed repeats a run bit for bit with rollout.schedule lockstep or rollout.env_workers "
+                      "serial; under the default arrival schedule with a thread pool it repeats the tasks and each "
+                      "token's sampling draw, but which rows share a forward follows the tools' timing, so log-probs "
+                      "and weights may differ in their last bits (README, 'Runs that survive').")
     out: str | None = Field(None, description="Run folder; default runs/<algo>-<time>.")
     credit: SerializeAsAny[CreditConfig] = Field(None, validate_default=True,  # type: ignore[assignment]
                                                  description="Options of the chosen assigner; default: its defaults.")

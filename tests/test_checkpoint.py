@@ -501,3 +501,17 @@ def test_wandb_of_a_resumed_run_continues_its_run_rewound_to_the_checkpoint(tmp_
     clear_run(tmp_path / "run")
     Monitor(tmp_path / "run", total=1, console=Console(file=io.StringIO()), wandb=True).log({"step": 0, "x": 1.0})
     assert runs[-1].kwargs["id"] != run_id and "resume_from" not in runs[-1].kwargs
+
+
+def test_resume_with_a_thread_pool_under_lockstep_is_bit_identical(tmp_path, vault_policy_dir):
+    """What `--seed`'s help and the README promise for the thread pool: under `schedule lockstep` a resumed run ends
+    as the run left alone did, bit for bit (under the default arrival schedule the rows sharing a forward follow
+    the tools' timing, so only the tasks and the sampling draws are promised: benchmarks/kill_resume.py)."""
+    pooled = {"rollout": {"env_workers": "thread:4", "schedule": "lockstep"}}
+    full, run = tmp_path / "full", tmp_path / "run"
+    cfg = run_config(full, vault_policy_dir, **pooled)
+    Trainer(cfg, monitor=quiet_monitor(full, cfg)[0]).train()
+    resumed_copy(full, run, keep_through=1)
+    cfg = run_config(run, vault_policy_dir, **pooled)
+    Trainer(cfg, monitor=quiet_monitor(run, cfg)[0], resume=True).train()
+    assert_same_run(full, run, cfg.updates)
