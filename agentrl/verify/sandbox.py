@@ -698,6 +698,11 @@ class LocalSandbox:
         # its site-packages
         self.python = os.path.realpath(python or sys.executable)
         self.expose = tuple(os.path.abspath(p) for p in expose)
+        # the folders an exposed package or module is imported from: the sandbox runs the base interpreter,
+        # whose sys.path lacks a virtualenv's site-packages
+        self._import_roots = tuple(dict.fromkeys(
+            os.path.dirname(p) for p in self.expose
+            if os.path.isfile(os.path.join(p, "__init__.py")) or p.endswith((".py", ".so"))))
         self.caps = caps = probe_capabilities()
         self.method = caps.method
         self._view = self.method != "none"
@@ -861,6 +866,8 @@ class LocalSandbox:
                 "PYTHONDONTWRITEBYTECODE": "1",
                 "PYTHONIOENCODING": "utf-8",
             }
+            if self._import_roots:  # an exposed package imports from where it lies, also from a venv's site-packages
+                env["PYTHONPATH"] = ":".join(self._import_roots)
             nproc = lim.max_processes
             if uid is None:
                 # sharing our uid: NPROC counts all our processes, so allow that many more
