@@ -10,8 +10,11 @@ kinds of moment:
 
 - **timed**: a moment drawn over the rest of the run, measured by the timing run from its first
   checkpoint to its exit; the draws are stratified (one in each of N equal slices, in random order), so
-  the kills spread over the run and its phases by the share of time each takes. A draw that finds the
-  process gone (a faster run) is drawn again over that run's own measured rest (`attempts`).
+  the kills spread over the run and its phases by the share of time each takes. The moment is placed in
+  the cut run by progress, not by the clock (`Timing`): the phase it falls in and how far into it, scaled
+  by the cut run's own pace, so a run slower or faster than the timing run (the machine's load moves) is
+  killed alive at the same place. A kill that finds the process gone is tried again earlier in the same
+  phase (`attempts`, `missed`).
 - **during a checkpoint write**: the benchmark polls for the temporary folder of a later checkpoint
   (`checkpoints/.tmp-update_XXXXX-PID`, agentrl/checkpoint.py's atomic write), and kills a random
   0-20 ms after it appears; it counts only if the folder is still there after the kill (the write had
@@ -207,7 +210,31 @@ def newest_checkpoint(root: Path) -> int:
     return max(found, default=0)
 
 
-def cut_run(i: int, out: Path, a: argparse.Namespace, plan: dict, rest_s: float, rng: random.Random,
+class Timing:
+    """The timing run's phases, to place a kill at the same point of another run's progress: a moment a
+    fraction of the way through the rest (first checkpoint to exit) is a phase line k and a share w of that
+    phase; in the cut run the kill comes w of the way through its own phase k, that phase's length taken
+    from the timing run scaled by how fast the cut run has gone since its first checkpoint. So a run faster
+    or slower than the timing run (the machine's load changes) is still killed alive, at the same place."""
+
+    def __init__(self, launch: Launch, t_ck: float):
+        self.lines, self.t_ck, self.t_exit = phases(launch.log), t_ck, launch.t_exit
+
+    def place(self, fraction: float) -> tuple[int, float]:
+        t = self.t_ck + fraction * (self.t_exit - self.t_ck)
+        k = max(i for i, (tk, _, _) in enumerate(self.lines) if tk <= t)
+        end = self.lines[k + 1][0] if k + 1 < len(self.lines) else self.t_exit
+        return k, (t - self.lines[k][0]) / max(end - self.lines[k][0], 1e-9)
+
+    def length(self, k: int) -> float:
+        end = self.lines[k + 1][0] if k + 1 < len(self.lines) else self.t_exit
+        return end - self.lines[k][0]
+
+    def since_first_checkpoint(self, k: int) -> float:
+        return self.lines[k][0] - self.t_ck
+
+
+def cut_run(i: int, out: Path, a: argparse.Namespace, plan: dict, timing: Timing, rng: random.Random,
             serial: bool = True) -> dict[str, object]:
     """Start the run, kill it as `plan` says (after its first checkpoint), resume it; what happened."""
     first = out / "checkpoints" / f"update_{a.every:05d}"
@@ -222,16 +249,27 @@ def cut_run(i: int, out: Path, a: argparse.Namespace, plan: dict, rest_s: float,
                              f"{(out.parent / (out.name + '.out')).read_text()[-2000:]}")
         entry: dict[str, object] = {"kind": plan["kind"], "attempts": attempt, "missed": missed}
         if plan["kind"] == "timed":
-            target = t_ck + plan["fraction"] * rest_s
+            k, w = timing.place(plan["fraction"])
+            w = w / 2 ** (attempt - 1)  # a retry (the process had exited) comes earlier in the same phase
+            while launch.alive() and len(phases(launch.log)) <= k:
+                time.sleep(0.005)
+            seen = phases(launch.log)
+            if len(seen) <= k:
+                launch.kill()
+                missed.append({"why": "exited before the phase", "phase_line": k})
+                continue
+            tk = seen[k][0]
+            ref = timing.since_first_checkpoint(k)
+            scale = min(4.0, max(0.25, (tk - t_ck) / ref)) if ref > 1.0 else 1.0
+            target = tk + w * timing.length(k) * scale
             time.sleep(max(0.0, target - time.time()))
             t_kill = time.time()
             live = launch.kill()
-            if not live:  # this run was faster than the timing run: draw again over its own rest
-                missed.append({"why": "exited", "rc": launch.proc.returncode, "target_s": round(target - t_ck, 3),
-                               "rest_s": round(launch.t_exit - t_ck, 3)})
-                rest_s = launch.t_exit - t_ck
+            if not live:
+                missed.append({"why": "exited", "rc": launch.proc.returncode, "phase_line": k, "share": round(w, 4)})
                 continue
-            entry["fraction_of_rest"] = round(plan["fraction"], 4)
+            entry.update({"fraction_of_rest": round(plan["fraction"], 4), "planned_phase": seen[k][1],
+                          "planned_share_of_phase": round(w, 4)})
         else:
             u = plan["update"]
             tmp = out / "checkpoints" / f".tmp-update_{u:05d}-{launch.proc.pid}"
@@ -362,7 +400,7 @@ def main() -> None:
 
         for i, plan in enumerate(plans):
             out = work / f"run{i}"
-            entry = cut_run(i, out, a, plan, rest_s, rng)
+            entry = cut_run(i, out, a, plan, Timing(timing, t_ck), rng)
             entry.update(compare(work / "ref", out, a.updates))
             runs.append(entry)
             result(False)
@@ -400,7 +438,6 @@ def arrival_runs(work: Path, a: argparse.Namespace, rng: random.Random) -> dict[
     other = Launch(work / "aother", train_args(work / "aother", a, serial=False))
     t_ck = other.wait_for(work / "aother" / "checkpoints" / f"update_{a.every:05d}")
     other.wait()
-    rest_s = other.t_exit - t_ck
 
     def against_ref(run: Path) -> dict[str, object]:
         checks = compare(work / "aref", run, a.updates)
@@ -411,7 +448,7 @@ def arrival_runs(work: Path, a: argparse.Namespace, rng: random.Random) -> dict[
     runs = []
     for i, f in enumerate(stratified(a.arrival, rng)):
         out = work / f"arun{i}"
-        entry = cut_run(i, out, a, {"kind": "timed", "fraction": f}, rest_s, rng, serial=False)
+        entry = cut_run(i, out, a, {"kind": "timed", "fraction": f}, Timing(other, t_ck), rng, serial=False)
         entry.update(against_ref(out))
         runs.append(entry)
         print(f"arrival run {i}: SIGKILL at {entry['kill_at_s']:.2f}s (phase {entry['phase']} of update "
