@@ -106,6 +106,9 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=5e-5, help="RL learning rate (LoRA adapters)")
     p.add_argument("--lora", type=int, default=16, help="LoRA rank for RL; 0: full")
     p.add_argument("--eval-episodes", type=int, default=32)
+    p.add_argument("--warm", default=None, help="env=FOLDER: reuse an earlier run's warm start for env (its "
+                   "warm_start.json is read for the record) instead of running SFT again")
+    p.add_argument("--merge", default=None, help="a results JSON whose runs (and SFT records) this run's join")
     p.add_argument("--out", default="runs/real_model")
     p.add_argument("--json", default=str(REPO / "benchmarks" / "results" / "real_model.json"))
     a = p.parse_args()
@@ -120,6 +123,18 @@ def main() -> None:
     print(f"{MODEL}: ready in {fetch_s:.0f}s", flush=True)
     warms: dict[str, dict] = {}
     runs = []
+    if a.merge:
+        earlier = json.loads(Path(a.merge).read_text())
+        runs += earlier["runs"]
+        warms.update({w["env"]: w for w in earlier["sft"]})
+    if a.warm:
+        env, folder = a.warm.split("=", 1)
+        if env not in warms:
+            m = json.loads((Path(folder) / "warm_start.json").read_text())
+            warms[env] = {"env": env, "folder": folder, "demonstrations": m["demonstrations"],
+                          "steps": m["sft/steps"], "loss": round(m["sft/loss"], 4),
+                          "sft_seconds": round(m["sft/seconds"], 1)}
+        warms[env]["folder"] = folder
     for env, algo, seed in arms:
         if env not in warms:
             warms[env] = warm_start(out, env, a)
