@@ -67,9 +67,11 @@ def test_the_fetched_model_is_an_ordinary_folder_that_answers_in_chatml():
     assert text.strip(), text
 
 
-def test_train_on_the_real_model_names_every_tool_and_updates(tmp_path):
-    """The README's command on SmolLM2, shrunk to two short episodes and one update: it runs, the
-    first prompt names every tool, the call format is in it, and the update moves the adapters."""
+@pytest.mark.slow  # 2-13 min on 2 cores (757 s on a loaded machine): two 135M-parameter evaluations and a rollout
+def test_train_on_the_real_model_names_every_tool(tmp_path):
+    """The README's command on SmolLM2, shrunk to two short episodes and one update: it runs end to
+    end and the first prompt names every tool and the call format. (The model before SFT earns no
+    reward, so its one update is a zero-advantage skip: benchmarks/real_model.py shows it training.)"""
     try:
         models.fetch("smollm2-135m-instruct")
     except models.ModelFetchError as e:
@@ -83,7 +85,7 @@ def test_train_on_the_real_model_names_every_tool_and_updates(tmp_path):
                  "--checkpoint.every", "0", "--out", str(out)]) == 0
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     step = next(r for r in rows if r.get("step") == 1)
-    assert step["rollout/episodes"] == 2 and step["train/loss"] == step["train/loss"]  # ran, and the loss is a number
+    assert step["rollout/episodes"] == 2 and (step.get("train/skipped") == 1.0 or "train/loss" in step), step
     (store,) = sorted((out / "store").glob("*.parquet"))
     episode = TrajectoryStore.load(store).episodes[0]
     from transformers import AutoTokenizer
