@@ -520,6 +520,15 @@ class Trainer:
 
     # -- one update, in order ---------------------------------------------------------------------
 
+    def _report_layout(self, stats: Any) -> None:
+        """Say once if the rollout's ids part from the chat template's own rendering (agentrl.chat.layout)."""
+        if stats.layout_drift and not getattr(self, "_layout_warned", False):
+            self._layout_warned = True
+            self.monitor.say(f"[yellow]warning[/yellow]: {stats.layout_drift} of {stats.layout_checked} episodes "
+                             f"checked are laid out otherwise than the chat template renders them "
+                             f"({stats.layout_example}); the model is trained on the rollout's layout, which its "
+                             "template would not give it at inference (docs/models.md)")
+
     def collect(self, update: int, version: int | None = None) -> tuple[list[Episode], dict[str, float]]:
         """Roll out `groups` tasks x `group_size` episodes; with dynamic sampling 'resample', roll
         out extra batches until enough groups carry signal (or the extra-batch cap is hit). `version`:
@@ -546,7 +555,7 @@ class Trainer:
                                for g in range(*self.ranks.block(cfg.rollout.groups, r))})
             self.next_group += cfg.rollout.groups
             # a failure on one rank is raised on all, or the others would wait in the gather below
-            episodes, _ = self.ranks.together(f"update {update}: rollout", functools.partial(
+            episodes, rstats = self.ranks.together(f"update {update}: rollout", functools.partial(
                 rollout, self.envs, seeds, self.engine, self.policy.chat, group_ids=gids, max_context=self.max_context,
                 max_new_tokens=cfg.rollout.sampling.max_new_tokens, workers=self.workers,
                 max_batch_rows=cfg.rollout.max_batch_rows, policy_version=version, schedule=cfg.rollout.schedule,
@@ -556,6 +565,7 @@ class Trainer:
             episodes = self.ranks.gather_lists(episodes)  # the whole update, in group order
             _raise_on_errors(episodes, path.parent if self.ranks.world > 1 else path)
             all_eps += episodes
+            self._report_layout(rstats)
             if not resample:
                 kept = episodes
                 break
