@@ -164,8 +164,8 @@ def rerender_check(chat: ChatFormat, episode: Any, observation: str, tools: list
         action_ids = list(turn.action_ids)
         built += action_ids + list(turn.obs_ids)
         text = chat.decode(action_ids)
-        if chat.encode(text) + [chat.eos_id] != action_ids and chat.encode(text) != action_ids:
-            retokenised += 1
+        canonical = chat.encode(text)
+        retokenised += action_ids not in (canonical, canonical + [chat.eos_id])
         msgs += [{"role": "assistant", "content": text}, {"role": "tool", "content": turn.observation}]
     rendered = tok.apply_chat_template(msgs, tools=(tools or None) if chat.template_renders_tools else None,
                                        tokenize=False, add_generation_prompt=True)
