@@ -103,6 +103,26 @@ class LossConfig(Strict):
         "min(pi_prox / mu, is_cap)); docs/algorithms.md, 'Off-policy episodes'.")
     is_cap: float = Field(2.0, gt=0.0, description="C of the decoupled loss: the cap on the importance weight "
                           "pi_prox / mu, so that a token the old policy found unlikely cannot dominate (AReaL: 2-5).")
+    mismatch: Literal["none", "token-tis", "seq-tis", "token-mask", "seq-mask", "icepop"] = Field(
+        "none", description="Correction for the engine/trainer gap: the rollout engine's log-probs mu (bf16, another "
+        "kernel) against the trainer's own pi_old under the same weights. none (default: the ratio against mu, as "
+        "ever; the gap is still measured, mismatch/*); token-tis (weight min(pi_old / mu, mismatch_cap), Yao et al.'s "
+        "truncated IS); seq-tis (one capped weight per episode, mismatch_seq); token-mask / seq-mask (drop tokens or "
+        "episodes whose ratio leaves [mismatch_low, mismatch_high], out of the loss's denominator too: verl's "
+        "rejection sampling); icepop (keep the ratio as a weight inside the bounds, 0 outside, denominator kept). "
+        "Any correction takes the PPO ratio against pi_old and costs one forward per batch; docs/algorithms.md, "
+        "'Engine mismatch'.")
+    mismatch_cap: float = Field(2.0, gt=1.0, description="C of token-tis and seq-tis, and the band [1/C, C] the "
+                                "mismatch/*_out_frac metrics count outside: 2, verl's rollout_is_threshold and the "
+                                "cap Yao et al. report stable.")
+    mismatch_seq: Literal["geometric", "product"] = Field(
+        "geometric", description="An episode's ratio for seq-tis and seq-mask: geometric (exp of the mean token "
+        "log-ratio: comparable across lengths) or product (the exact sequence IS weight, whose variance grows with "
+        "length).")
+    mismatch_low: float = Field(0.5, gt=0.0, lt=1.0, description="Lower bound of the masks (token-mask, seq-mask, "
+                                "icepop): ICE-POP's alpha 0.5.")
+    mismatch_high: float = Field(5.0, gt=1.0, description="Upper bound of the masks: ICE-POP's beta 5 (asymmetric: "
+                                 "tokens the trainer likes far more than the engine are the ones that blow up).")
 
 
 class TinyModelConfig(Strict):
@@ -173,6 +193,11 @@ class RolloutConfig(Strict):
         "rollouts wait on slow tools or a GPU idles while the learner steps, and costs off-policy drift "
         "(loss.off_policy corrects it). One process only; a resumed run is not bit-exact (README, 'Rollouts that "
         "never wait').")
+    dtype: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="The precision the engine samples in. auto: the engine's own (torch: the trainer's "
+        "weights as they are, fp32; vllm: bf16). bf16 on the torch engine samples from a bf16 copy of the weights, "
+        "refreshed after every update, while the trainer stays fp32: the engine/trainer gap that vLLM in bf16 "
+        "against an fp32 learner has, on a CPU (measured as mismatch/*; loss.mismatch corrects it).")
     schedule: Literal["arrival", "lockstep"] = Field(
         "arrival", description="When ready rows generate: arrival (a row whose observation is back goes into the next "
         "batch without waiting for slower tools, so a slow tool costs the others at most one generation) or lockstep "

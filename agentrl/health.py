@@ -50,11 +50,13 @@ STALLED = "STALLED"
 VERIFIER_OVERFIT = "VERIFIER OVERFIT"
 TRUNCATION = "TRUNCATION BLOW-UP"
 NONFINITE = "NON-FINITE"
+ENGINE_MISMATCH = "ENGINE MISMATCH"
 ENTROPY_TREND = "entropy trending down"  # a notice, not an alarm: it never stops a run
 
 ENTROPY, KL, PASS, HELDOUT = "train/entropy", "train/kl", "rollout/pass_rate", "eval/pass_rate"
 ZERO_ADV, TRUNC = "credit/zero_adv_frac", "rollout/truncated_frac"
 FINITE_KEYS = ("train/loss", "train/grad_norm", "train/kl", "train/entropy")
+MISMATCH_KL, MISMATCH_ESS = "mismatch/kl_k3", "mismatch/ess"  # agentrl.mismatch.stats, every update
 
 
 # -- configuration -------------------------------------------------------------------------------
@@ -198,6 +200,15 @@ class HealthConfig(_Strict):
     trunc_max: float | None = Field(None, gt=0, le=1, description="...or reached this share at all. Off by default: "
                                     "where failing means running out of turns (Vault), half the warm start's episodes "
                                     "are truncated by design.")
+    mismatch_kl_max: float = Field(0.01, gt=0, description="ENGINE MISMATCH when the k3 KL between the engine's and "
+                                   "the trainer's log-probs under the same weights reaches this per token: were the "
+                                   "log-ratio normal, KL 0.01 is a standard deviation of 0.14, and about 20% of tokens "
+                                   "would leave PPO's clip band [0.8, 1.2] from the engine alone, before any update "
+                                   "(bf16 against fp32 on the tiny policy measures ~1e-3; fp32 against fp32 ~1e-12).")
+    mismatch_ess_min: float = Field(0.5, gt=0, le=1, description="...or when the effective sample size of the "
+                                    "episodes' weights prod_t pi_old / mu falls to this share of the batch: below "
+                                    "half, fewer than half the episodes carry the batch's weight, and a sequence-level "
+                                    "correction would train on those few.")
     interventions: Interventions = Field(default_factory=Interventions, description="What --health.on-alarm "
                                          "intervene may do, each on its own switch.")
 
@@ -590,12 +601,30 @@ def check_nonfinite(r: Reading) -> str | None:
     return ", ".join(f"{k} = {last[k]}" for k in bad) + " at this update" if bad else None
 
 
+def check_engine_mismatch(r: Reading) -> str | None:
+    """The latest update's engine/trainer gap (mismatch/*, agentrl.mismatch.stats): k3 KL per token above
+    `mismatch_kl_max`, or the episodes' effective sample size below `mismatch_ess_min`. Read as logged, not
+    smoothed: it is measured on the whole batch each update, and a weight sync that failed shows at once."""
+    cfg, last = r.cfg, r.rows[-1]
+    kl, ess = last.get(MISMATCH_KL), last.get(MISMATCH_ESS)
+    why = []
+    if isinstance(kl, (int, float)) and kl >= cfg.mismatch_kl_max:
+        why.append(f"KL(engine || trainer) {kl:.3g} per token (k3) >= {cfg.mismatch_kl_max}")
+    if isinstance(ess, (int, float)) and ess <= cfg.mismatch_ess_min:
+        why.append(f"the episodes' effective sample size is {ess:.0%} of the batch (<= {cfg.mismatch_ess_min:.0%})")
+    if not why:
+        return None
+    return ("; ".join(why) + ": the engine samples from a distribution the trainer does not compute (precision, "
+            "kernels, a weight sync); loss.mismatch corrects it (docs/algorithms.md, 'Engine mismatch')")
+
+
 # How each alarm reads in the status column: the docs' example spells "stalled + KL drifting"
 register(AlarmSpec(ENTROPY_COLLAPSE, "ENTROPY COLLAPSE", "health/entropy_collapse", check_entropy_collapse))
 register(AlarmSpec(STALLED, "stalled", "health/stalled", check_stalled))
 register(AlarmSpec(KL_DRIFT, "KL drifting", "health/kl_drift", check_kl_drift))
 register(AlarmSpec(VERIFIER_OVERFIT, "VERIFIER OVERFIT", "health/verifier_overfit", check_verifier_overfit))
 register(AlarmSpec(TRUNCATION, "truncation blow-up", "health/truncation", check_truncation))
+register(AlarmSpec(ENGINE_MISMATCH, "ENGINE MISMATCH", "health/engine_mismatch", check_engine_mismatch))
 register(AlarmSpec(NONFINITE, "NON-FINITE loss/grad", "health/nonfinite", check_nonfinite))
 
 

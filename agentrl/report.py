@@ -30,7 +30,7 @@ from agentrl.health import ALARMS, HealthConfig, alarm_spans, replay, series
 Row = dict[str, Any]
 ALARM_COLOURS = {"ENTROPY COLLAPSE": "#d62728", "STALLED": "#7f7f7f", "KL DRIFT": "#9467bd",
                  "VERIFIER OVERFIT": "#ff7f0e",
-                 "TRUNCATION BLOW-UP": "#8c564b", "NON-FINITE": "#000000"}
+                 "TRUNCATION BLOW-UP": "#8c564b", "ENGINE MISMATCH": "#17becf", "NON-FINITE": "#000000"}
 # (file name, title, [(metric, label)], y label)
 PLOTS = [
     ("pass_rate", "Pass rate: train vs held-out",

@@ -82,6 +82,7 @@ class TurnBatch:
     ref_logp: torch.Tensor | None = None  # (B, T) reference log-probs: batch.with_(ref_logp=...) by the trainer
     advantages: torch.Tensor | None = None  # (B, T) the assigner's, attached for the loss (select/trim carry them)
     prox_logp: torch.Tensor | None = None  # (B, T) the proximal policy's (decoupled PPO on off-policy episodes)
+    sampler_logp: torch.Tensor | None = None  # (B, T) the trainer's, under the weights that sampled (agentrl.mismatch)
 
     @property
     def size(self) -> int:
@@ -110,7 +111,7 @@ class TurnBatch:
         if T == self.input_ids.shape[1]:
             return self
         per_token = {"input_ids", "attention_mask", "action_mask", "behaviour_logp", "turn_index", "ref_logp",
-                     "advantages", "prox_logp"}
+                     "advantages", "prox_logp", "sampler_logp"}
         return replace(self, **{k: getattr(self, k)[:, :T] for k in per_token if getattr(self, k) is not None})
 
     def micro_batches(self, max_tokens: int) -> list[torch.Tensor]:

@@ -52,6 +52,8 @@ from agentrl.distributed import Ranks
 from agentrl.engines import get_engine_spec
 from agentrl.health import Action, Knobs, check, plan
 from agentrl.loss import policy_loss
+from agentrl.mismatch import capped_ratio, correction, loss_terms
+from agentrl.mismatch import stats as mismatch_stats
 from agentrl.monitor import Monitor, SilentMonitor
 from agentrl.policy import Policy, add_lora, shards_weights, token_stats
 from agentrl.rollout import rollout
@@ -128,8 +130,10 @@ def resolve_device(name: str) -> torch.device:
 
 def make_engine(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig, seed: int,
                 capture_hidden: bool = False) -> Any:
-    """The configured engine (a lookup in agentrl.engines.ENGINES), generating from `policy`."""
-    return get_engine_spec(cfg.engine).load()(policy, sampling, seed=seed, capture_hidden=capture_hidden)
+    """The configured engine (a lookup in agentrl.engines.ENGINES), generating from `policy`, in `rollout.dtype`
+    (an engine registered without a `dtype` argument is built as before while it is auto)."""
+    precision = {} if cfg.rollout.dtype == "auto" else {"dtype": cfg.rollout.dtype}
+    return get_engine_spec(cfg.engine).load()(policy, sampling, seed=seed, capture_hidden=capture_hidden, **precision)
 
 
 def heldout_env_kwargs(cfg: TrainConfig) -> dict[str, Any]:
@@ -317,7 +321,12 @@ class Trainer:
                                   capture_hidden=self.spec.reads_hidden(cfg.credit))
         self.rollout_starts: dict[int, dict[str, Any]] = {}  # update -> the stream's state when its rollout began
         self.workers = make_pool(cfg.rollout.env_workers, cfg.rollout.tool_timeout, cfg.rollout.tool_timeouts)
-        self.syncs_weights = get_engine_spec(cfg.engine).syncs_weights
+        # vLLM, or the torch engine sampling from a bf16 copy: weights of its own, synced after every update
+        self.syncs_weights = get_engine_spec(cfg.engine).syncs_weights or getattr(self.engine, "owns_weights", False)
+        # rollouts ahead: the trainable weights of each version episodes may still come from, so that the
+        # engine's log-probs are compared with the trainer's under the weights that sampled (sampler_logp)
+        self.snapshots: dict[int, dict[str, torch.Tensor]] = {}
+        self._past: torch.nn.Module | None = None  # the module a snapshot is loaded into for scoring
         self.task_rng = np.random.default_rng(cfg.seed)
         self.next_group = 0
         # held-out evaluation samples at its own fixed temperature, whatever the run samples at or an
@@ -597,12 +606,19 @@ class Trainer:
         mine = torch.ones(batch.size, dtype=torch.bool) if owner is None else owner[rows] == ranks.rank
         stats: dict[str, float] = {}  # this rank's part of each step's statistics: summed over ranks below
         steps, t0, tokens, padded, grad_norms, nonfinite = 0, time.perf_counter(), 0, 0, 0.0, 0.0
+        # not scored before (on-policy, no correction, one process): the first minibatch's forwards, before any
+        # step, are the trainer's log-probs under the weights that sampled; the gap is measured on them for free
+        probe = torch.zeros(0) if batch.sampler_logp is None and ranks.world == 1 else None
+        measured: dict[str, float] = {}
         self.model.train()
         for _ in range(cfg.optim.ppo_epochs):
             perm = ranks.broadcast(torch.randperm(batch.size))  # the same minibatches on every rank
             for chunk in torch.chunk(perm, min(cfg.optim.minibatches, batch.size)):
                 mb = batch.select(chunk)
                 own = mb.select(mine[chunk].nonzero(as_tuple=True)[0])
+                _, _, mb_mask = loss_terms(mb.behaviour_logp, mb.sampler_logp, mb.prox_logp, mb.action_mask, cfg.loss)
+                if probe is not None and steps == 0:
+                    probe = torch.zeros(mb.input_ids.shape)  # (b, T): the first minibatch's log-probs
                 self.optimizer.zero_grad(set_to_none=True)
                 # every rank makes as many forwards and backwards as the busiest (FSDP and ZeRO gather weights in
                 # each, ZeRO-2 reduces in each): a rank short of rows pads with zero-loss passes
@@ -619,17 +635,20 @@ class Trainer:
                         with self.accelerator.autocast():  # bf16 on CUDA
                             ts = token_stats(self.model, m.input_ids, m.attention_mask,
                                              cfg.rollout.sampling.temperature or 1.0, entropy=True, only=m.action_mask)
-                        against, weight = m.behaviour_logp, None
-                        if m.prox_logp is not None:  # decoupled PPO: clip against pi_prox, weight by pi_prox / mu
-                            against, weight = m.prox_logp, _is_weight(m, cfg.loss.is_cap)
-                        loss, s = policy_loss(ts.logp, against, m.advantages, m.action_mask, cfg.loss,
+                        if probe is not None and steps == 0 and idx is not None:
+                            probe[idx, : ts.logp.shape[1]] = ts.logp.detach().float().cpu()
+                        # the ratio's baseline and weight: mu; decoupled PPO's pi_prox and min(pi_prox / mu, C);
+                        # a mismatch correction's pi_old and its weight (agentrl.mismatch.loss_terms)
+                        against, weight, mask = loss_terms(m.behaviour_logp, m.sampler_logp, m.prox_logp,
+                                                           m.action_mask, cfg.loss)
+                        loss, s = policy_loss(ts.logp, against, m.advantages, mask, cfg.loss,
                                               ref_logp=m.ref_logp, entropy=ts.entropy, turn_index=m.turn_index,
                                               is_weight=weight)
                         if idx is None or not torch.isfinite(loss):
                             finite = finite and idx is None
                             self.accelerator.backward(ts.logp.sum() * 0.0)  # the all-reduce, without a gradient
                             continue
-                        share = _share(m.action_mask, mb.action_mask, cfg.loss.agg)
+                        share = _share(mask, mb_mask, cfg.loss.agg)
                         self.accelerator.backward(loss * (share * ranks.world))
                     for k, v in s.items():
                         stats[k] = stats.get(k, 0.0) + share * v
@@ -646,6 +665,8 @@ class Trainer:
                 else:
                     nonfinite += 1.0
                 self.optimizer.zero_grad(set_to_none=True)
+                if probe is not None and steps == 0:
+                    measured = mismatch_stats(probe - mb.behaviour_logp, mb.action_mask, cfg.loss.mismatch_cap)
                 steps += 1
         self.model.eval()
         secs = time.perf_counter() - t0
@@ -660,6 +681,7 @@ class Trainer:
         out["train/trained_episodes"] = float(batch.size)
         out["train/tokens_per_s"] = tokens / secs if secs > 0 else 0.0
         out["train/padding_frac"] = 1.0 - tokens / max(padded, 1)
+        out.update({f"mismatch/{k}": v for k, v in measured.items()})
         return out
 
     def _step_on_backward(self, last: bool) -> None:
@@ -682,6 +704,63 @@ class Trainer:
         """(B, T) log-probs under the weights as they are before this update's first step: the proximal
         policy of decoupled PPO (one extra forward per batch)."""
         return self._score(batch, self._learner(), None)
+
+    @property
+    def _scores_sampler(self) -> bool:
+        """Whether each batch is scored under the weights that sampled it (`sampler_logp`): a mismatch correction
+        needs it; rollouts ahead and several processes measure the gap on it (on one process, on-policy, the
+        first minibatch's own forwards measure it at no cost, `optimize`)."""
+        return self.cfg.loss.mismatch != "none" or self.cfg.rollout.max_staleness > 0 or self.ranks.world > 1
+
+    def sampler_logp(self, batch: TurnBatch, update: int, owner: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T) the trainer's log-probs of each episode under the weights that sampled it (its policy_version),
+        to hold against the engine's (`behaviour_logp`). On-policy those are the learner's before this update's
+        first step (the proximal policy's, reused when the batch has them); rollouts ahead score their older
+        versions from the snapshots kept of each. One forward per batch in all. A version no longer kept (the
+        first updates after a resume) is scored under the learner's weights: that gap holds one update's drift."""
+        now = update - 1  # the learner's version: updates applied so far
+        versions = [e.policy_version for e in batch.episodes]
+        if all(v == now for v in versions):
+            return batch.prox_logp if batch.prox_logp is not None else self._score(batch, self._learner(), owner)
+        out = batch.prox_logp.clone() if batch.prox_logp is not None else torch.zeros(batch.input_ids.shape)
+        for v in sorted(set(versions)):
+            if v == now and batch.prox_logp is not None:
+                continue
+            rows = torch.tensor([i for i, x in enumerate(versions) if x == v])
+            out[rows] = self._score(batch.select(rows), self._version_model(v, now), None)
+        return out
+
+    def _version_model(self, version: int, now: int) -> torch.nn.Module:
+        """A module holding the weights of `version` (the learner itself for its own or an unkept version)."""
+        if version == now or version not in self.snapshots:
+            return self._learner()
+        if self._past is None:
+            self._past = copy.deepcopy(self.accelerator.unwrap_model(self.model)).eval().requires_grad_(False)
+        self._past.load_state_dict(self.snapshots[version], strict=False)
+        return self._past
+
+    def _trainable_copy(self) -> dict[str, torch.Tensor]:
+        model = self.accelerator.unwrap_model(self.model)
+        return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    def mismatch_metrics(self, batch: TurnBatch, trained: torch.Tensor) -> dict[str, float]:
+        """`mismatch/*` over the action tokens of the `trained` (B,) rows (agentrl.mismatch.stats), what a
+        correction keeps and weighs, and (decoupled PPO) the staleness ratio pi_prox / pi_old on its own."""
+        cfg = self.cfg.loss
+        mask = batch.action_mask * trained[:, None].float()
+        log_ratio = batch.sampler_logp - batch.behaviour_logp
+        out = {f"mismatch/{k}": v for k, v in mismatch_stats(log_ratio, mask, cfg.mismatch_cap).items()}
+        n = float(mask.sum())
+        if cfg.mismatch != "none" and n > 0:
+            weight, keep = correction(log_ratio, mask, cfg)
+            out["mismatch/kept_frac"] = float(keep.sum()) / n
+            out["mismatch/weight_mean"] = float((weight * keep).sum() / keep.sum().clamp(min=1))
+        if batch.prox_logp is not None and n > 0:  # the part of decoupled PPO's pi_prox / mu that is staleness
+            stale = capped_ratio(batch.prox_logp - batch.sampler_logp, cfg.is_cap, mask)[mask > 0]
+            drift = mismatch_stats(batch.prox_logp - batch.sampler_logp, mask, cfg.mismatch_cap)
+            out.update({"train/staleness_weight_mean": float(stale.mean()), "train/staleness_weight_max":
+                        float(stale.max()), "train/staleness_kl_k3": drift["kl_k3"]})
+        return out
 
     def _learner(self) -> torch.nn.Module:
         # scoring never trains: the unwrapped module (no DDP forward, whose all-reduce would wait for a backward),
@@ -788,6 +867,10 @@ class Trainer:
         if self.actor is not None and self.done < cfg.updates:
             with torch.no_grad():  # the learner's weights as they stand (a resumed run's, not the ones first loaded)
                 self.actor.load_state_dict(self.accelerator.unwrap_model(self.model).state_dict())
+        if self.syncs_weights and self.resumed_from is not None:  # the engine's copy was made before the resume
+            self.engine.sync_weights(self.actor if self.actor is not None else self.policy.model)
+        if self.actor is not None and self.done < cfg.updates:
+            self.snapshots = {self.done: self._trainable_copy()}
             ahead = RolloutAhead(self.collect, self.actor, self.done + 1, cfg.updates, cfg.rollout.max_staleness,
                                  version=self.done, on_new_weights=self.engine.sync_weights if self.syncs_weights
                                  else None)
@@ -826,8 +909,12 @@ class Trainer:
                 batch = batch.with_(prox_logp=self.proximal_logp(batch))
                 w = _is_weight(batch, cfg.loss.is_cap)[batch.action_mask > 0]
                 metrics.update({"train/is_weight_mean": float(w.mean()), "train/is_weight_max": float(w.max())})
+            if self._scores_sampler:
+                batch = batch.with_(sampler_logp=self.sampler_logp(batch, update, owner))
             fit = self.assigner.fit(batch)
             credit = self.assigner.assign(batch, fit)
+            if batch.sampler_logp is not None:
+                metrics.update(self.mismatch_metrics(batch, credit.row_weight > 0))
             metrics.update({f"credit/{k}": v for k, v in {**fit.metrics, **credit.metrics}.items()})
             if metrics.get("credit/groups"):
                 metrics["credit/all_pass_frac"] = metrics.get("credit/all_pass_groups", 0.0) / metrics["credit/groups"]
@@ -836,8 +923,11 @@ class Trainer:
             metrics.update(self.optimize(batch, credit, owner))
             self._say_critic_only(update, metrics)
             if ahead is not None:  # the rollout thread refreshes its actor from this copy before its next rollout
-                model = self.accelerator.unwrap_model(self.model)
-                ahead.publish(update, {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad})
+                weights = self._trainable_copy()
+                ahead.publish(update, weights)
+                # episodes of version update - max_staleness onwards may still come; older ones never
+                self.snapshots = {v: w for v, w in self.snapshots.items() if v >= update - cfg.rollout.max_staleness}
+                self.snapshots[update] = weights
             elif self.syncs_weights:  # e.g. vLLM generates from its own copy of the weights
                 self.engine.sync_weights(self.policy.model)
             metrics["time/rollout_s"] = t_roll
@@ -925,7 +1015,7 @@ class Trainer:
 
 def _is_weight(batch: TurnBatch, cap: float) -> torch.Tensor:
     """Decoupled PPO's per-token importance weight min(pi_prox / mu, cap), 0 off the action tokens."""
-    return torch.exp((batch.prox_logp - batch.behaviour_logp).clamp(max=20.0)).clamp(max=cap) * batch.action_mask
+    return capped_ratio(batch.prox_logp - batch.behaviour_logp, cap, batch.action_mask)
 
 
 def _share(part: torch.Tensor, whole: torch.Tensor, agg: str) -> float:

@@ -17,6 +17,7 @@ same for the attention mask); the samples and log-probs are bit for bit those of
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -150,8 +151,13 @@ class TorchEngine:
     """Generate with a transformers causal LM, keeping each row's KV cache across turns."""
 
     def __init__(self, model: torch.nn.Module, sampling: SamplingConfig, stop_ids: Sequence[int], eos_id: int,
-                 pad_id: int, seed: int | None = None, capture_hidden: bool = False):
-        self.model = model
+                 pad_id: int, seed: int | None = None, capture_hidden: bool = False, dtype: str = "auto"):
+        """`dtype` bf16: sample from a bf16 copy of `model` (refresh it with `sync_weights` after every update)
+        while the trainer keeps its own precision: the gap vLLM in bf16 has against an fp32 learner, on any
+        device. auto / fp32: generate from `model` itself, the trainer's weights as they are."""
+        # the engine holds its own weights (the trainer syncs them after every update, as vLLM's)
+        self.owns_weights = dtype == "bf16"
+        self.model = copy.deepcopy(model).to(torch.bfloat16).eval() if self.owns_weights else model
         # Turn critics read the hidden state at the last context token of each turn; it falls out
         # of the forward that produces the turn's first logits, so capturing it costs no pass.
         self.capture_hidden = capture_hidden
@@ -183,6 +189,13 @@ class TorchEngine:
         self.split_cost = 3200.0 if self.device.type == "cpu" else 1e12
         self.row_cost = 156.0
         self.compact_cost = 0.25  # one gather of a row-position, against a turn's attention over it
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Copy the learner's current weights into the engine's own bf16 copy (dtype bf16 only)."""
+        if not self.owns_weights:
+            raise ValueError("this engine generates from the trainer's own weights: nothing to sync")
+        with torch.no_grad():
+            self.model.load_state_dict(model.state_dict())  # copy_ casts each tensor to the copy's bf16
 
     def state_dict(self) -> dict[str, Any]:
         """Where the sampler stands (its session-key generator and the number of sessions opened): a
@@ -664,8 +677,10 @@ class TorchSession:
         self.turn_hidden = None
 
 
-def for_policy(policy: Any, sampling: SamplingConfig, seed: int, capture_hidden: bool = False) -> TorchEngine:
-    """The registry's builder (agentrl.engines.ENGINES["torch"]): generate from the policy's own model."""
+def for_policy(policy: Any, sampling: SamplingConfig, seed: int, capture_hidden: bool = False,
+               dtype: str = "auto") -> TorchEngine:
+    """The registry's builder (agentrl.engines.ENGINES["torch"]): generate from the policy's own model (or,
+    `dtype` bf16, from a bf16 copy of it)."""
     chat = policy.chat
     return TorchEngine(policy.model, sampling, chat.stop_ids, chat.eos_id, chat.pad_id, seed=seed,
-                       capture_hidden=capture_hidden)
+                       capture_hidden=capture_hidden, dtype=dtype)

@@ -405,15 +405,17 @@ class VLLMSession(_Histories):
 _LLMS: dict[str, Any] = {}  # one vllm.LLM per model source in this process: evaluations share the training one
 
 
-def for_policy(policy: Any, sampling: SamplingConfig, seed: int, capture_hidden: bool = False) -> VLLMEngine:
+def for_policy(policy: Any, sampling: SamplingConfig, seed: int, capture_hidden: bool = False,
+               dtype: str = "auto") -> VLLMEngine:
     """The registry's builder (agentrl.engines.ENGINES["vllm"]): vLLM on the folder or hub id the policy
     was loaded from; a second engine on the same source reuses the first one's LLM."""
     chat = policy.chat
     model = policy.model.get_base_model() if hasattr(policy.model, "peft_config") else policy.model
     source = str(model.config._name_or_path)
     if source not in _LLMS:
+        precision = {"auto": {}, "fp32": {"dtype": "float32"}, "bf16": {"dtype": "bfloat16"}}[dtype]  # rollout.dtype
         engine = VLLMEngine.from_policy(source, sampling, chat.stop_ids, chat.eos_id, chat.pad_id, seed=seed,
-                                        capture_hidden=capture_hidden)
+                                        capture_hidden=capture_hidden, **precision)
         _LLMS[source] = engine.llm
         return engine
     rank, _, world = launch_ranks()  # a second engine on this rank's LLM: this rank's seed, as from_policy gives
