@@ -254,6 +254,7 @@ class PromptReport:
     tools_named: dict[str, bool]  # tool name -> whether the prompt names it
     layout: Any = None  # the re-render check of one expert episode (agentrl.chat.layout.Rerender), if any
     expert_text: str | None = None  # the expert's first action, in the model's call format
+    history: str = "append"  # how turns are laid out: append, or template (the template rewrites the history)
 
 
 def prompt_report(env: AgentEnv | str, model: str, tool_format: str | None = None, seed: int = 0,
@@ -276,7 +277,7 @@ def prompt_report(env: AgentEnv | str, model: str, tool_format: str | None = Non
     prompt = chat.prompt_text(obs, tools, env.system_prompt)
     report = PromptReport(model, chat.tool_format.name, chat.template_renders_tools, prompt,
                           len(chat.encode(prompt)), {t["function"]["name"]: t["function"]["name"] in prompt
-                                                     for t in tools})
+                                                     for t in tools}, history=chat.history)
     if has_expert(env):
         env.reset(seed=seed)
         report.expert_text = chat.expert_text(env.expert_action(0.0))

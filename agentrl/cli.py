@@ -776,7 +776,9 @@ def cmd_show_prompt(argv: Sequence[str]) -> int:
         raise UsageError(f"show-prompt: {e}") from None
     where = "the template renders tools=" if r.template_renders_tools else ("the template ignores tools=: agentrl "
                                                                               "wrote them into the system prompt")
-    print(f"# model {r.model}: tool format {r.tool_format}; {where}; {r.prompt_tokens} prompt tokens")
+    history = "turns appended" if r.history == "append" else ("turns laid out by the template (it rewrites the "
+                                                              "history: a rewritten context starts a new segment)")
+    print(f"# model {r.model}: tool format {r.tool_format}; {where}; {history}; {r.prompt_tokens} prompt tokens")
     print(r.prompt, end="" if r.prompt.endswith("\n") else "\n")
     missing = [name for name, named in r.tools_named.items() if not named]
     print(f"# tools named in the prompt: {', '.join(r.tools_named)}" + (f"; MISSING: {', '.join(missing)}"

@@ -204,6 +204,13 @@ class RolloutConfig(Strict):
         "(every turn waits for every env call, tools still concurrent). Batched log-probs depend in their last bit on "
         "which rows share a forward, and under arrival that depends on timing: lockstep (or env_workers serial) makes "
         "a run, and a resumed run, bit-identical on CPU.")
+    history: Literal["auto", "append", "template"] = Field(
+        "auto", description="How each turn's context is laid out. append: the model's earlier actions and the "
+        "observations token for token, one sequence per episode (one prefill, the cache kept). template: the chat "
+        "template's rendering of the conversation so far, as a server would give it; where the template rewrote the "
+        "history (Qwen3's drops earlier <think>), the next action starts a new segment, trained on exactly that "
+        "context. auto: template where a probe conversation shows that appending would part from the template, else "
+        "append (docs/models.md, 'History').")
 
     @field_validator("env_workers")
     @classmethod

@@ -553,6 +553,9 @@ class Turn:
     state_key: str | None = None
     malformed: int = 0
     hidden: list[float] | None = None  # policy hidden state before the action (turn critics)
+    # the ids the model was given before this action when they are not the running sequence: the chat
+    # template rewrote the history (dropped an earlier <think>, say), so this turn opens a new segment
+    segment_context: list[int] | None = None
 
 
 @dataclass
@@ -610,3 +613,33 @@ class Episode:
             if i < len(self.turns) - 1:
                 mask += [0] * len(t.obs_ids)
         return mask
+
+    @property
+    def segmented(self) -> bool:
+        return any(t.segment_context is not None for t in self.turns)
+
+    def segments(self) -> list[tuple[list[int], list[int]]]:
+        """The sequences the model was actually given, as ``(ids, source)`` pairs: one for an episode laid
+        out by appending (`token_ids`), one more for each turn that opened a new segment (its
+        `Turn.segment_context`: the template rewrote the history before it). ``source[t]`` is the
+        position in `token_ids` of the same action token, -1 on context tokens: every action token
+        belongs to exactly one segment, so a segment's log-probs go back to the episode's layout.
+
+        >>> ep = Episode([1], [Turn(1, [2], [-0.1], [3]), Turn(3, [4], [-0.2], [5], segment_context=[1, 9, 3])])
+        >>> ep.segments()
+        [([1, 2], [-1, 1]), ([1, 9, 3, 4], [-1, -1, -1, 3])]
+        """
+        ids, src = list(self.prompt_ids), [-1] * len(self.prompt_ids)
+        out = []
+        for i, t in enumerate(self.turns):
+            if t.segment_context is not None and i > 0:
+                out.append((ids, src))
+                ids, src = list(t.segment_context), [-1] * len(t.segment_context)
+            ids += t.action_ids
+            src += range(t.context_len, t.context_len + len(t.action_ids))
+            following = self.turns[i + 1] if i + 1 < len(self.turns) else None
+            if following is not None and following.segment_context is None:
+                ids += t.obs_ids
+                src += [-1] * len(t.obs_ids)
+        out.append((ids, src))
+        return out

@@ -119,20 +119,21 @@ def render_corpus_text(system: str | None, tools: list[dict[str, Any]], messages
 class Policy:
     """A causal LM and its tokenizer, with the chat layout agentrl uses."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, tool_format: Any = None):
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, tool_format: Any = None, history: str = "auto"):
         self.model = model
         self.tokenizer = tokenizer
-        self.chat = ChatFormat(tokenizer, tool_format)  # tool_format None: detected from the chat template
+        # tool_format None: detected from the chat template; history auto: from a probe conversation
+        self.chat = ChatFormat(tokenizer, tool_format, history)
 
     @classmethod
     def load(cls, name_or_path: str | Path, dtype: torch.dtype = torch.float32,
-             device: str | torch.device = "cpu", tool_format: str | None = None) -> Policy:
+             device: str | torch.device = "cpu", tool_format: str | None = None, history: str = "auto") -> Policy:
         from agentrl.models import resolve
 
         name_or_path = resolve(name_or_path)  # a known model's name: its folder, fetched on first use
         tokenizer = AutoTokenizer.from_pretrained(str(name_or_path))
         model = AutoModelForCausalLM.from_pretrained(str(name_or_path), dtype=dtype).to(device)
-        return cls(model, tokenizer, tool_format)
+        return cls(model, tokenizer, tool_format, history)
 
     def save(self, path: str | Path) -> None:
         self.model.save_pretrained(path)

@@ -5,7 +5,10 @@ Environment calls (`reset`, `step`, and the verifier through `truncate`) run in 
 barrier: the engine generates for the rows whose observation has arrived while the others' tools
 still run, and with `max_batch_rows` the batch is refilled as episodes end (continuous batching:
 the next episodes, in order, take the free rows). Each action's observation tokens are appended to
-its row's cache. The environment sees only text and the engine only tokens.
+its row's cache. The environment sees only text and the engine only tokens. Where the chat
+template rewrites the history (`ChatFormat.history == "template"`), each turn's context is the
+template's rendering of the conversation so far: appended where it extends the running sequence,
+a new segment of the episode (the row re-admitted with that context) where it does not.
 
 What the pool and the batching change is timing, never content: each env's calls are made in order,
 every episode is reset with its own seed, and the episodes come back in the order of `envs` with
@@ -41,6 +44,8 @@ class RolloutStats:
     layout_drift: int = 0  # ... whose text differs from the template's rendering (a template that rewrites history)
     layout_retokenised: int = 0  # ... with an action sampled as ids other than the tokenizer's encoding of its text
     layout_example: str | None = None  # where the first drifting episode parts from the template
+    segmented: int = 0  # episodes trained as several segments (the template rewrote their history)
+    segments: int = 0  # segments in all (an unsegmented episode counts one)
 
     @property
     def tokens_per_second(self) -> float:
@@ -119,6 +124,12 @@ class _Driver:
         self.left = n  # episodes not yet ended
         self.stats = RolloutStats()
         self.first_obs: dict[int, str] = {}  # row -> its task text, for the layout check
+        # history "template": each row's conversation as messages, the ids of its current segment, and the
+        # context the next action's new segment starts from
+        self.by_template = chat.history == "template"
+        self.msgs: dict[int, list[dict[str, str]]] = {}
+        self.seq: dict[int, list[int]] = {}
+        self.opening: dict[int, list[int]] = {}
         for env in envs:  # the env reads calls in the model's format (pickled with it to process workers)
             env.tool_format = chat.tool_format
 
@@ -167,6 +178,8 @@ class _Driver:
         self.stats.turns = sum(e.num_turns for e in episodes)
         self.stats.action_tokens = sum(e.num_action_tokens for e in episodes)
         self.stats.tool_timeouts = sum(e.tool_timeouts for e in episodes)
+        self.stats.segmented = sum(e.segmented for e in episodes)
+        self.stats.segments = sum(1 + sum(t.segment_context is not None for t in e.turns[1:]) for e in episodes)
         return episodes, self.stats
 
     def _should_generate(self, last_generate: float) -> bool:
@@ -204,6 +217,8 @@ class _Driver:
             self.stats.layout_retokenised += check.retokenised_actions > 0
             self.stats.layout_example = self.stats.layout_example or check.first_difference
         self.session.drop([row + self.offset])
+        for kept in (self.msgs, self.seq, self.opening):
+            kept.pop(row, None)
         self.live -= 1
         self.left -= 1
         if self.on_episode is not None:
@@ -232,6 +247,9 @@ class _Driver:
                                          group_id=self.group_ids[row], seed=seed, policy_version=self.policy_version)
             self.ctx[row] = len(prompt)
             self.prompts[row] = prompt
+            if self.by_template:
+                self.msgs[row] = self.chat.messages(obs, env.tool_schemas(), env.system_prompt)
+                self.seq[row] = list(prompt)
             return
         ep = self.episodes[row]
         if error is not None:
@@ -244,21 +262,39 @@ class _Driver:
             return
         obs, reward, terminated, truncated, info = future.result()
         gen = self.gen.pop(row)
-        obs_ids = self.chat.observation_ids(obs, ended_with_eos=gen.finish == "eos")
+        action = self.chat.decode(gen.ids)
+        obs_ids, opening = self.chat.following(gen.ids, obs), None
+        if self.by_template:  # the template's own continuation, or a new segment where it rewrote the history
+            env = self.envs[row]
+            self.msgs[row] += [{"role": "assistant", "content": action}, {"role": "tool", "content": obs}]
+            self.seq[row] += gen.ids
+            extension, opening = self.chat.continuation(self.seq[row], self.msgs[row], env.tool_schemas())
+            if opening is None:
+                obs_ids = extension
+                self.seq[row] += extension
+            else:
+                self.seq[row] = list(opening)  # obs_ids stay the appended layout's: the episode's layout for credit
         key = info.get("state_key")
         ep.turns.append(
-            Turn(self.ctx[row], gen.ids, gen.logprobs, obs_ids, self.chat.decode(gen.ids), obs,
+            Turn(self.ctx[row], gen.ids, gen.logprobs, obs_ids, action, obs,
                  float(info.get("step_reward") or 0.0), None if key is None else repr(key),
                  int(info.get("malformed", 0)),
-                 gen.hidden)
+                 gen.hidden, self.opening.pop(row, None))
         )
         ep.tool_timeouts += int(info.get("tool_timeouts", 0))
         self.ctx[row] += len(gen.ids) + len(obs_ids)
+        # the context the model would be given next: the running sequence, or the new segment
+        given = len(self.seq[row]) if self.by_template else self.ctx[row]
         if terminated or truncated:
             ep.reward, ep.terminated, ep.truncated = float(reward), bool(terminated), bool(truncated)
             self._end(row)
-        elif self.max_context is not None and self.ctx[row] + self.max_new_tokens > self.max_context:
+        elif self.max_context is not None and given + self.max_new_tokens > self.max_context:
             self._submit("truncate", row)
+        elif opening is not None:
+            self.opening[row] = opening
+            self.session.drop([row + self.offset])
+            self.session.add([row + self.offset], [opening])
+            self._make_ready(row)
         else:
             self.session.extend([obs_ids], rows=[row + self.offset])
             self._make_ready(row)

@@ -32,6 +32,7 @@ TURN_TYPE = pa.struct(
         ("state_key", pa.string()),
         ("malformed", pa.int32()),
         ("hidden", pa.list_(pa.float32())),
+        ("segment_context", pa.list_(pa.int32())),  # absent in stores written before segments: None
     ]
 )
 SCHEMA = pa.schema(
@@ -82,6 +83,10 @@ class TurnBatch:
     ref_logp: torch.Tensor | None = None  # (B, T) reference log-probs: batch.with_(ref_logp=...) by the trainer
     advantages: torch.Tensor | None = None  # (B, T) the assigner's, attached for the loss (select/trim carry them)
     prox_logp: torch.Tensor | None = None  # (B, T) the proximal policy's (decoupled PPO on off-policy episodes)
+    # set on a batch whose rows are segments (`segment_batch`): row s is a segment of row seg_row[s] of the
+    # episode batch it was made from, and its token t is that row's token seg_pos[s, t] (-1: not an action token)
+    seg_row: torch.Tensor | None = None  # (B,) long
+    seg_pos: torch.Tensor | None = None  # (B, T) long
     sampler_logp: torch.Tensor | None = None  # (B, T) the trainer's, under the weights that sampled (agentrl.mismatch)
 
     @property
@@ -181,6 +186,66 @@ def make_batch(episodes: Sequence[Episode], pad_id: int) -> TurnBatch:
         episodes=list(episodes),
         turn_hidden=turn_hidden,
     )
+
+
+def segment_batch(batch: TurnBatch) -> TurnBatch:
+    """`batch` with one row per sequence the model was actually given (`Episode.segments`): where a chat
+    template rewrote the history, an episode is trained as several segments, each action on exactly the
+    context it was sampled from. The per-token columns (advantages, behaviour and reference log-probs,
+    the masks) are carried to the segments' positions, the per-episode ones repeated; `seg_row` and
+    `seg_pos` say where each segment token came from (`to_episodes` takes values back). A batch with no
+    segmented episode is returned as it is.
+    """
+    if batch.seg_row is not None or not any(e.segmented for e in batch.episodes):
+        return batch
+    rows, parts = [], []
+    for b, ep in enumerate(batch.episodes):
+        for ids, src in ep.segments():
+            rows.append(b)
+            parts.append((ids, src))
+    S, T = len(parts), max(len(ids) for ids, _ in parts)
+    seg_row = torch.tensor(rows, dtype=torch.long)
+    input_ids = torch.full((S, T), _pad_of(batch), dtype=torch.long)
+    attention = torch.zeros(S, T, dtype=torch.long)
+    seg_pos = torch.full((S, T), -1, dtype=torch.long)
+    for s, (ids, src) in enumerate(parts):
+        input_ids[s, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attention[s, : len(ids)] = 1
+        seg_pos[s, : len(src)] = torch.tensor(src, dtype=torch.long)
+    on = seg_pos >= 0
+    gather_at = seg_pos.clamp(min=0)
+
+    def carried(name: str, v: torch.Tensor) -> torch.Tensor:
+        fill = torch.full_like(gather_at, -1 if name == "turn_index" else 0, dtype=v.dtype)
+        return torch.where(on, v[seg_row.unsqueeze(1), gather_at], fill)
+
+    columns: dict = {}
+    for f in fields(batch):
+        v = getattr(batch, f.name)
+        if f.name in ("input_ids", "attention_mask", "episodes") or v is None:
+            continue
+        # per token: (B, T) like the ids, taken to the segments' positions; per episode: repeated
+        columns[f.name] = carried(f.name, v) if v.shape == batch.input_ids.shape else v[seg_row]
+    return TurnBatch(input_ids=input_ids, attention_mask=attention, episodes=[batch.episodes[b] for b in rows],
+                     **{**columns, "seg_row": seg_row, "seg_pos": seg_pos})
+
+
+def to_episodes(values: torch.Tensor, segments: TurnBatch, shape: torch.Size | tuple[int, int],
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-token `values` (S, T') of a `segment_batch` back in its episode batch's layout `shape` (B, T),
+    0 off action tokens; `rows` maps the segment batch's source rows to rows of the result (default: the same)."""
+    out = torch.zeros(shape, dtype=values.dtype)
+    on = segments.seg_pos[:, : values.shape[1]] >= 0
+    s, t = on.nonzero(as_tuple=True)
+    target = segments.seg_row[s] if rows is None else rows[segments.seg_row[s]]
+    out[target, segments.seg_pos[s, t]] = values[s, t]
+    return out
+
+
+def _pad_of(batch: TurnBatch) -> int:
+    """The pad id a batch was laid out with: what fills a row past its end (0 if no row is padded)."""
+    off = batch.attention_mask == 0
+    return int(batch.input_ids[off][0]) if bool(off.any()) else 0
 
 
 def truncate_store(folder: str | Path, update: int) -> list[Path]:

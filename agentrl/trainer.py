@@ -57,7 +57,7 @@ from agentrl.mismatch import stats as mismatch_stats
 from agentrl.monitor import Monitor, SilentMonitor
 from agentrl.policy import Policy, add_lora, shards_weights, token_stats
 from agentrl.rollout import rollout
-from agentrl.store import TrajectoryStore, TurnBatch, make_batch, truncate_store
+from agentrl.store import TrajectoryStore, TurnBatch, make_batch, segment_batch, to_episodes, truncate_store
 from agentrl.verify.sandbox import isolation_of
 from agentrl.workers import make_pool
 
@@ -220,7 +220,9 @@ def _raise_on_errors(episodes: list[Episode], saved: Path | None) -> None:
 
 def rollout_metrics(episodes: list[Episode], seconds: float) -> dict[str, float]:
     tokens = sum(e.num_action_tokens for e in episodes)
+    segmented = [e.segmented for e in episodes]
     return {
+        **({"rollout/segmented_frac": float(np.mean(segmented))} if any(segmented) else {}),
         "rollout/pass_rate": float(np.mean([e.passed for e in episodes])),
         "rollout/reward_mean": float(np.mean([e.reward for e in episodes])),
         "rollout/turns_mean": float(np.mean([e.num_turns for e in episodes])),
@@ -285,7 +287,7 @@ class Trainer:
         if source is None:
             raise ValueError("no policy to train: set model (a folder or hub id), or pass start= the warm start that "
                              "agentrl.stages.sft.warm_start builds (agentrl.trainer.train(cfg) does both)")
-        self.policy = Policy.load(source, device=device, tool_format=cfg.tool_format)
+        self.policy = Policy.load(source, device=device, tool_format=cfg.tool_format, history=cfg.rollout.history)
         self.warm_start_dir = Path(start) if cfg.model is None else None
         if self.warm_start_dir is not None:
             self.decisions["warm_start"] = _warm_start_record(self.warm_start_dir)
@@ -530,7 +532,13 @@ class Trainer:
     # -- one update, in order ---------------------------------------------------------------------
 
     def _report_layout(self, stats: Any) -> None:
-        """Say once if the rollout's ids part from the chat template's own rendering (agentrl.chat.layout)."""
+        """Say once if the rollout's ids part from the chat template's own rendering (agentrl.chat.layout),
+        and once if the template rewrote episodes' history (they train as segments)."""
+        if stats.segmented and not getattr(self, "_segments_said", False):
+            self._segments_said = True
+            self.monitor.say(f"the chat template rewrites the history: {stats.segmented} of {stats.episodes} episodes "
+                             f"are trained as {stats.segments} segments, each action on the context it was given "
+                             "(rollout.history template; docs/models.md)")
         if stats.layout_drift and not getattr(self, "_layout_warned", False):
             self._layout_warned = True
             self.monitor.say(f"[yellow]warning[/yellow]: {stats.layout_drift} of {stats.layout_checked} episodes "
@@ -604,6 +612,8 @@ class Trainer:
         device = self.accelerator.device
         batch = batch.select(rows).with_(advantages=credit.advantages[rows])  # travels with select() and trim() below
         mine = torch.ones(batch.size, dtype=torch.bool) if owner is None else owner[rows] == ranks.rank
+        batch = segment_batch(batch)  # each action on exactly its context, where a template rewrote the history
+        mine = mine if batch.seg_row is None else mine[batch.seg_row]
         stats: dict[str, float] = {}  # this rank's part of each step's statistics: summed over ranks below
         steps, t0, tokens, padded, grad_norms, nonfinite = 0, time.perf_counter(), 0, 0, 0.0, 0.0
         # not scored before (on-policy, no correction, one process): the first minibatch's forwards, before any
@@ -678,7 +688,9 @@ class Trainer:
         if nonfinite:
             out["train/nonfinite_steps"] = nonfinite / steps
         out["train/clip_frac"] = out.get("train/clip_low_frac", 0.0) + out.get("train/clip_high_frac", 0.0)
-        out["train/trained_episodes"] = float(batch.size)
+        out["train/trained_episodes"] = float(batch.size if batch.seg_row is None else len(set(batch.seg_row.tolist())))
+        if batch.seg_row is not None:
+            out["train/segments"] = float(batch.size)
         out["train/tokens_per_s"] = tokens / secs if secs > 0 else 0.0
         out["train/padding_frac"] = 1.0 - tokens / max(padded, 1)
         out.update({f"mismatch/{k}": v for k, v in measured.items()})
@@ -772,7 +784,8 @@ class Trainer:
         scores its own rows and the rows are exchanged."""
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
         rows = torch.arange(batch.size) if owner is None else (owner == self.ranks.rank).nonzero(as_tuple=True)[0]
-        own = batch.select(rows)
+        own = segment_batch(batch.select(rows))  # rows are segments where a template rewrote the history
+        scored = out if own.seg_row is None else torch.zeros(own.input_ids.shape, dtype=torch.float32)
         temp = self.cfg.rollout.sampling.temperature or 1.0
         parts: list[torch.Tensor | None] = own.micro_batches(self.cfg.optim.micro_batch_tokens) if own.size else []
         if owner is not None and shards_weights(model):  # every forward gathers weights: as many on every rank
@@ -782,7 +795,9 @@ class Trainer:
                 m = (own.select(idx) if idx is not None else batch.select([0])).trim().to(self.accelerator.device)
                 logp = token_stats(model, m.input_ids, m.attention_mask, temp, only=m.action_mask).logp
                 if idx is not None:
-                    out[rows[idx], : m.input_ids.shape[1]] = logp.float().cpu()
+                    scored[rows[idx] if own.seg_row is None else idx, : m.input_ids.shape[1]] = logp.float().cpu()
+        if own.seg_row is not None:
+            out += to_episodes(scored, own, out.shape, rows)
         if owner is not None and self.ranks.world > 1:
             lengths = batch.attention_mask.sum(1)
             mine = {int(r): out[r, : int(lengths[r])].clone() for r in rows}

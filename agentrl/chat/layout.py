@@ -16,6 +16,14 @@ model's name:
 
 `rerender_check` is the proof: it renders a finished episode's messages through the template and
 compares with the ids the rollout built.
+
+Some templates rewrite the history as the conversation grows (Qwen3's drops the ``<think>`` of turns
+before the last user message; others renumber or trim). A model served with such a template is given
+the rewritten context, which is not the running sequence. ``history="template"`` lays each turn out by
+rendering the conversation so far: where the rendering extends the running sequence, it is appended;
+where it does not, the next action starts a new segment (`Turn.segment_context`) and is trained on
+exactly that context (`agentrl.store.segment_batch`). ``history="auto"`` (the default) chooses
+``template`` when a probe conversation shows the template rewriting its history, ``append`` otherwise.
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ class ChatFormat:
 
     _A, _O = "\x00ACTION\x00", "\x00OBSERVATION\x00"
 
-    def __init__(self, tokenizer: Any, tool_format: str | ToolFormat | None = None):
+    def __init__(self, tokenizer: Any, tool_format: str | ToolFormat | None = None, history: str = "auto"):
         if tokenizer.chat_template is None:
             raise ValueError("the tokenizer has no chat template; agentrl needs one to lay out turns")
         self.tokenizer = tokenizer
@@ -55,6 +63,15 @@ class ChatFormat:
             raise ValueError("the chat template dropped the assistant or tool message; cannot derive the turn layout")
         between = text[text.index(self._A) + len(self._A) :]
         self.obs_prefix, _, self.obs_suffix = between.partition(self._O)
+        # a message that ends in a call's stop string may be closed otherwise (harmony: <|call|> ends it, no <|end|>)
+        self.prefix_after: dict[str, str] = {}
+        for stop in self.tool_format.stop_strings:
+            msgs[1]["content"] = self._A + stop
+            text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+            after = text[text.index(self._A + stop) + len(self._A + stop) :].partition(self._O)[0] \
+                if self._A + stop in text and self._O in text else self.obs_prefix
+            if after != self.obs_prefix:
+                self.prefix_after[stop] = after
         self.eos_text = tokenizer.eos_token or ""
         stops = {self.eos_id}
         # An action ends where the template ends an assistant message (the added token it writes right
@@ -73,6 +90,10 @@ class ChatFormat:
             if len(ids) == 1 and ids[0] != tokenizer.unk_token_id:
                 stops.add(ids[0])
         self.stop_ids = sorted(s for s in stops if s is not None)
+        if history not in ("auto", "append", "template"):
+            raise ValueError(f"history must be auto, append or template, got {history!r}")
+        self.rewrites_history = self._rewrites_history()
+        self.history = ("template" if self.rewrites_history else "append") if history == "auto" else history
 
     def _renders_tools(self) -> bool:
         """Does the template put ``tools=`` into the prompt? Rendered with a probe tool, not guessed."""
@@ -84,6 +105,40 @@ class ChatFormat:
         except Exception:  # a template that cannot take tools at all
             return False
         return _PROBE_TOOL in text
+
+    def _rewrites_history(self) -> bool:
+        """Would laying turns out by appending part from the template's own rendering? Tried on a probe
+        conversation of three tool turns whose actions reason in ``<think>`` and call a tool: the
+        template may rewrite earlier turns (drop the reasoning, trim) or wrap observations in a way no
+        fixed wrapper matches (numbered results)."""
+        call = self.tool_format.render([("calc", {"expression": "1+1"})])
+        msgs: list[dict[str, str]] = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+        built = self.encode(self.render(msgs, []))
+        for k in range(3):  # actions that end in text, and in a call (where a stop string may end them)
+            content = f"<think>step {k}</think>A{k}" + (call if k % 2 else "")
+            msgs = msgs + [{"role": "assistant", "content": content}, {"role": "tool", "content": f"O{k}"}]
+            action = self.action_ids(content)
+            built += action + self.following(action, f"O{k}")
+            if self.tokenizer.decode(built, skip_special_tokens=False) != self.render(msgs, []):
+                return True
+        return False
+
+    def render(self, messages: list[dict[str, str]], tools: list[dict[str, Any]]) -> str:
+        """`messages` through the chat template, up to the next assistant generation prompt."""
+        return self.tokenizer.apply_chat_template(messages, tools=(tools or None) if self.template_renders_tools
+                                                  else None, tokenize=False, add_generation_prompt=True)
+
+    def continuation(self, sequence: list[int], messages: list[dict[str, str]],
+                     tools: list[dict[str, Any]]) -> tuple[list[int], list[int] | None]:
+        """How the conversation `messages` (ending with a tool message) goes on from the ids `sequence`
+        the model has been given: ``(ids to append, None)`` where the template's rendering extends
+        `sequence`, or ``([], context)`` where it rewrote the history, `context` being the whole
+        rendering (the next action's new segment)."""
+        rendered = self.render(messages, tools)
+        given = self.tokenizer.decode(sequence, skip_special_tokens=False)
+        if rendered.startswith(given):
+            return self.encode(rendered[len(given):]), None
+        return [], self.encode(rendered)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -103,9 +158,7 @@ class ChatFormat:
 
     def prompt_text(self, observation: str, tools: list[dict[str, Any]], system: str | None = None) -> str:
         """The first prompt exactly as the model sees it (what `agentrl show-prompt` prints)."""
-        return self.tokenizer.apply_chat_template(self.messages(observation, tools, system),
-                                                  tools=(tools or None) if self.template_renders_tools else None,
-                                                  tokenize=False, add_generation_prompt=True)
+        return self.render(self.messages(observation, tools, system), tools)
 
     def prompt_ids(self, observation: str, tools: list[dict[str, Any]], system: str | None = None) -> list[int]:
         return self.encode(self.prompt_text(observation, tools, system))
@@ -115,6 +168,19 @@ class ChatFormat:
         if ended_with_eos and self.eos_text and prefix.startswith(self.eos_text):
             prefix = prefix[len(self.eos_text) :]  # the action already closed its message
         return self.encode(prefix + observation + self.obs_suffix)
+
+    def following(self, action_ids: list[int], observation: str) -> list[int]:
+        """The observation's ids after an action that ended in `action_ids`, as the template closes that
+        action's message: after the end-of-message token, after a call's stop string (which some
+        templates let end the message), or after a cut-off action."""
+        if action_ids and action_ids[-1] == self.eos_id:
+            return self.observation_ids(observation, ended_with_eos=True)
+        if self.prefix_after:
+            text = self.decode(action_ids)
+            for stop, prefix in self.prefix_after.items():
+                if text.endswith(stop):
+                    return self.encode(prefix + observation + self.obs_suffix)
+        return self.observation_ids(observation, ended_with_eos=False)
 
     def action_ids(self, text: str) -> list[int]:
         """Token ids of a scripted action, ending in a stop token as a sampled one would."""
@@ -155,24 +221,35 @@ def rerender_check(chat: ChatFormat, episode: Any, observation: str, tools: list
     compare it with the ids the rollout built: the prompt, then per turn the action's ids and the
     observation's ids, up to the generation prompt after the last observation. A template that
     rewrites history (drops an earlier turn's ``<think>``, reorders, adds separators the observation
-    wrapper missed) shows here as a text difference."""
+    wrapper missed) shows here as a text difference.
+
+    With ``chat.history == "template"`` the rollout gives each action the template's rendering of the
+    conversation before it (a new segment where the history was rewritten), so that is what is
+    checked: every action's context against the rendering at that point."""
     tok = chat.tokenizer
     msgs: list[dict[str, str]] = chat.messages(observation, tools, system)
     built = list(episode.prompt_ids)
     retokenised = 0
+    rendered = ours = ""
     for turn in episode.turns:
+        if chat.history == "template":
+            built = list(turn.segment_context) if turn.segment_context is not None else built
+            rendered, ours = chat.render(msgs, tools), tok.decode(built, skip_special_tokens=False)
+            if rendered != ours:
+                break
         action_ids = list(turn.action_ids)
         built += action_ids + list(turn.obs_ids)
         text = chat.decode(action_ids)
         canonical = chat.encode(text)
         retokenised += action_ids not in (canonical, canonical + [chat.eos_id])
         msgs += [{"role": "assistant", "content": text}, {"role": "tool", "content": turn.observation}]
-    rendered = tok.apply_chat_template(msgs, tools=(tools or None) if chat.template_renders_tools else None,
-                                       tokenize=False, add_generation_prompt=True)
-    ours = tok.decode(built, skip_special_tokens=False)
+    else:
+        if chat.history == "append":  # the whole conversation, the last observation included
+            rendered, ours = chat.render(msgs, tools), tok.decode(built, skip_special_tokens=False)
     text_equal = rendered == ours
+    ids_equal = text_equal and (chat.encode(rendered) == built if chat.history == "append" else not retokenised)
     first = None
     if not text_equal:
         i = next((k for k, (a, b) in enumerate(zip(rendered, ours)) if a != b), min(len(rendered), len(ours)))
         first = f"at char {i}: template {rendered[max(0, i - 40):i + 40]!r} vs rollout {ours[max(0, i - 40):i + 40]!r}"
-    return Rerender(text_equal, text_equal and chat.encode(rendered) == built, retokenised, first)
+    return Rerender(text_equal, ids_equal, retokenised, first)

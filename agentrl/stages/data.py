@@ -207,7 +207,7 @@ def to_episode(conv: Conversation, chat: ChatFormat, group_id: int = 0) -> Episo
     for i in range(0, len(msgs), 2):
         action = chat.action_ids(msgs[i].content)
         obs_text = msgs[i + 1].content if i + 1 < len(msgs) else ""
-        obs = chat.observation_ids(obs_text, ended_with_eos=action[-1] == chat.eos_id) if i + 1 < len(msgs) else []
+        obs = chat.following(action, obs_text) if i + 1 < len(msgs) else []
         ep.turns.append(Turn(ctx, action, [0.0] * len(action), obs, msgs[i].content, obs_text))
         ctx += len(action) + len(obs)
     return ep

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from agentrl.config import DPOConfig, PrefLoss  # noqa: F401 (re-exported)
 from agentrl.core import Episode
 from agentrl.policy import token_stats
-from agentrl.store import make_batch
+from agentrl.store import make_batch, segment_batch
 
 LOG = logging.getLogger(__name__)
 
@@ -100,11 +100,16 @@ def pairs_from_episodes(episodes: Sequence[Episode], max_per_group: int = 4,
 
 
 def _seq_logps(model: torch.nn.Module, episodes: list[Episode], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    batch = make_batch(episodes, pad_id)
+    batch = segment_batch(make_batch(episodes, pad_id))  # segments: summed back into their episode below
     device = next(model.parameters()).device
     lp = token_stats(model, batch.input_ids.to(device), batch.attention_mask.to(device)).logp
     mask = batch.action_mask.to(device)
-    return sequence_logp(lp, mask), mask.sum(1)
+    logp, tokens = sequence_logp(lp, mask), mask.sum(1)
+    if batch.seg_row is None:
+        return logp, tokens
+    rows = batch.seg_row.to(device)
+    return (torch.zeros(len(episodes), device=device, dtype=logp.dtype).index_add(0, rows, logp),
+            torch.zeros(len(episodes), device=device, dtype=tokens.dtype).index_add(0, rows, tokens))
 
 
 def train_preferences(

@@ -34,7 +34,7 @@ from agentrl.policy import (
     render_corpus_text,
 )
 from agentrl.rollout import rollout
-from agentrl.store import make_batch
+from agentrl.store import make_batch, segment_batch
 
 LOG = logging.getLogger(__name__)
 
@@ -164,7 +164,8 @@ def sft(
     for epoch in range(first, epochs):
         rng.shuffle(order)
         for i in range(0, len(order), batch_size):
-            b = make_batch([demos[j] for j in order[i : i + batch_size]], pad_id).to(device)
+            # one row per segment where a chat template rewrote the history (agentrl.store.segment_batch)
+            b = segment_batch(make_batch([demos[j] for j in order[i : i + batch_size]], pad_id)).to(device)
             out = model(input_ids=b.input_ids, attention_mask=b.attention_mask,
                         position_ids=position_ids_from_mask(b.attention_mask), use_cache=False)
             loss = sft_loss(out.logits, b.input_ids, b.action_mask)
