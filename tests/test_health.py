@@ -10,6 +10,7 @@ import pytest
 
 from agentrl.health import (
     ALARMS,
+    ENGINE_MISMATCH,
     ENTROPY_COLLAPSE,
     KL_DRIFT,
     NONFINITE,
@@ -235,6 +236,19 @@ def test_truncation_blow_up_and_non_finite_values():
     for key in ("train/loss", "train/grad_norm"):
         h = check([{**ok, key: math.nan if key == "train/loss" else math.inf}])
         assert h.names == {NONFINITE} and key in h.alarms[0].reason
+
+
+def test_engine_mismatch_fires_on_the_latest_update_s_kl_or_ess_and_clears_with_it():
+    ok = {"step": 1, "mismatch/kl_k3": 2e-4, "mismatch/ess": 0.99}  # a bf16 engine's everyday gap
+    assert ENGINE_MISMATCH not in check([ok]).names
+    kl = {"step": 2, "mismatch/kl_k3": 0.02, "mismatch/ess": 0.9}
+    h = check([ok, kl])
+    assert h.names == {ENGINE_MISMATCH} and "0.02 per token" in h.alarms[0].reason
+    ess = {"step": 3, "mismatch/kl_k3": 0.001, "mismatch/ess": 0.3}
+    assert "effective sample size is 30%" in check([ok, kl, ess]).alarms[0].reason
+    assert ENGINE_MISMATCH not in check([ok, kl, ess, {**ok, "step": 4}]).names  # read as logged: it clears at once
+    assert ENGINE_MISMATCH not in check([kl], HealthConfig(mismatch_kl_max=0.05)).names
+    assert check([kl]).metrics()["health/engine_mismatch"] == 1.0
 
 
 def test_final_rows_health_keys_and_strings_are_ignored_and_smoothing_follows_the_step_gap():

@@ -1,0 +1,117 @@
+"""The engine/trainer gap on `agentrl train`'s default run: an fp32 engine (the baseline, gap 0) against a bf16
+one (rollout.dtype bf16, the trainer in fp32), with no correction and with each of loss.mismatch's.
+
+One warm start (the tiny policy's SFT on Vault-v0, cached, built once) and, from it, `seeds` RL seeds per arm
+(grpo, 8 x 8 episodes per update); the held-out pass rate of the warm start is evaluated once per engine
+precision and shared by the arms. Reported per arm: the mismatch metrics averaged over the updates
+(mismatch/kl_k3, chi2, ess, logp_diff_max, token_out_frac, and what a correction kept), and the final
+held-out pass rate with the seeds' spread.
+
+    nice -n 10 python benchmarks/engine_mismatch.py           # 7 arms x 3 seeds, 10 updates
+    nice -n 10 python benchmarks/engine_mismatch.py --quick   # 7 arms x 1 seed, 3 updates, 32 held-out episodes
+
+Last line: one JSON object; `ratio` = the bf16 engine's mean k3 KL / the fp32 engine's (how many times the gap
+grows; null when fp32 measures exactly 0). Also benchmarks/results/engine_mismatch.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from train_runs import machine, spread
+
+from agentrl.config import TrainConfig
+from agentrl.monitor import Monitor
+from agentrl.policy import Policy
+from agentrl.trainer import Trainer, evaluate
+
+RESULTS = Path(__file__).parent / "results" / "engine_mismatch.json"
+# arm -> (rollout.dtype, loss.mismatch)
+ARMS = {"fp32": ("auto", "none"), "bf16": ("bf16", "none"), "bf16+token-tis": ("bf16", "token-tis"),
+        "bf16+seq-tis": ("bf16", "seq-tis"), "bf16+token-mask": ("bf16", "token-mask"),
+        "bf16+seq-mask": ("bf16", "seq-mask"), "bf16+icepop": ("bf16", "icepop")}
+KEYS = ("kl_k3", "kl_rev_k3", "chi2", "ess", "logp_diff_mean", "logp_diff_max", "token_out_frac", "kept_frac")
+
+
+def run(out: Path, start: Path, seed: int, dtype: str, mismatch: str, updates: int, episodes: int, warm) -> dict:
+    cfg = TrainConfig(out=str(out), seed=seed, updates=updates, eval={"episodes": episodes, "every": 0},
+                      rollout={"dtype": dtype}, loss={"mismatch": mismatch}, checkpoint={"every": 0})
+    t0 = time.perf_counter()
+    out.mkdir(parents=True)
+    quiet = Monitor(out, updates, console=Console(file=io.StringIO()))  # metrics.jsonl, no console
+    summary = Trainer(cfg, monitor=quiet, start=start).train(warm=warm)
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r.get("step", 0) > 0 and not r.get("final")]
+    means = {k: statistics.mean(r[f"mismatch/{k}"] for r in steps if f"mismatch/{k}" in r)
+             for k in KEYS if any(f"mismatch/{k}" in r for r in steps)}
+    return {"seed": seed, "updates": len(steps), "wall_s": round(time.perf_counter() - t0, 1),
+            "alarms": summary["alarms"], "warm_start_pass_rate": summary["warm_start_pass_rate"],
+            "final_pass_rate": summary["final_pass_rate"], **{f"mismatch_{k}": v for k, v in means.items()}}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="one seed, 3 updates, 32 held-out episodes")
+    p.add_argument("--seeds", type=int, nargs="+", default=None)
+    p.add_argument("--updates", type=int, default=None)
+    p.add_argument("--eval-episodes", type=int, default=None)
+    p.add_argument("--warm-seed", type=int, default=1, help="the SFT seed of the one warm start all arms share")
+    p.add_argument("--start", type=Path, default=None, help="a warm-start folder to use instead of building one")
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    a = p.parse_args()
+    torch.set_num_threads(2)
+    seeds = a.seeds or ([0] if a.quick else [0, 1, 2])
+    updates = a.updates or (3 if a.quick else 10)
+    episodes = a.eval_episodes or (32 if a.quick else 64)
+    from agentrl.stages.sft import warm_start
+
+    base = TrainConfig()
+    start = a.start or Path(warm_start(base.env.id, base.env.kwargs, base.tiny, base.sft, a.warm_seed))
+    runs: dict[str, list[dict]] = {arm: [] for arm in a.arms}
+    warm = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for dtype in sorted({ARMS[arm][0] for arm in a.arms}):  # the warm start, once per engine precision
+            cfg = TrainConfig(eval={"episodes": episodes}, rollout={"dtype": dtype})
+            policy = Policy.load(start, device=torch.device("cpu"), tool_format=cfg.tool_format)
+            warm[dtype] = evaluate(cfg, policy, None, policy.model.config.max_position_embeddings)
+            print(f"warm start ({dtype} engine): held-out {warm[dtype].pass_rate:.3f}", flush=True)
+        for seed in seeds:
+            for arm in a.arms:
+                dtype, mismatch = ARMS[arm]
+                r = run(Path(tmp) / f"{arm}-s{seed}", start, seed, dtype, mismatch, updates, episodes, warm[dtype])
+                runs[arm].append(r)
+                print(f"seed {seed}  {arm:<16} kl_k3 {r.get('mismatch_kl_k3', float('nan')):.2e}  ess "
+                      f"{r.get('mismatch_ess', float('nan')):.4f}  held-out {r['warm_start_pass_rate']:.3f} -> "
+                      f"{r['final_pass_rate']:.3f}  ({r['wall_s']:.0f}s)", flush=True)
+    summary = {}
+    for arm, rs in runs.items():
+        finals = [r["final_pass_rate"] for r in rs]
+        summary[arm] = {"final_pass_rate": finals, "final_mean": round(statistics.mean(finals), 4),
+                        "final_spread": spread(finals),
+                        **{k: statistics.mean(r[k] for r in rs) for k in rs[0] if k.startswith("mismatch_")}}
+        print(f"{arm:<16} final {finals} (mean {summary[arm]['final_mean']:.3f})  kl_k3 "
+              f"{summary[arm].get('mismatch_kl_k3', float('nan')):.2e}")
+    fp32 = summary.get("fp32", {}).get("mismatch_kl_k3", 0.0)
+    bf16 = summary.get("bf16", {}).get("mismatch_kl_k3", 0.0)
+    ratio = round(bf16 / fp32, 1) if fp32 > 0 else None  # None: fp32 measured exactly 0 on every update
+    figures = {"benchmark": "engine_mismatch", "quick": a.quick, "updates": updates, "seeds": seeds,
+               "warm_start_seed": a.warm_seed, "eval_episodes": episodes, "arms": summary, "runs": runs,
+               "machine": machine(),
+               "command": " ".join(["python", "benchmarks/engine_mismatch.py", *sys.argv[1:]]),
+               "ratio": ratio}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(figures, indent=1) + "\n")
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
