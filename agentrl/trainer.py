@@ -845,6 +845,17 @@ class Trainer:
 
     # -- the run ------------------------------------------------------------------------------------
 
+    def _check_warm_start(self) -> None:
+        """Warn before RL when the warm start is at the floor, at the ceiling, or far below its expert."""
+        from agentrl.stages.sft import warm_start_advice
+
+        sft_record = (self.decisions.get("warm_start") or {}).get("sft") or {}
+        advice = warm_start_advice(self.warm.pass_rate, self.warm.episodes, sft_record.get("demo_pass_rate"),
+                                   tuple(self.cfg.sft.useful_band), self.cfg.rollout.group_size)
+        if advice:
+            self.decisions["warm_start_warning"] = advice
+            self.monitor.say(f"warning: {advice}")
+
     def train(self, warm: EvalResult | None = None) -> dict[str, Any]:
         """Run every update (from the checkpoint's on a resumed run); `warm` reuses a held-out evaluation
         of this same starting policy. SIGTERM / SIGINT finish the update, save a checkpoint and exit."""
@@ -872,6 +883,7 @@ class Trainer:
             self.last_eval = self.warm
             self.monitor.say(f"warm start: held-out pass rate {self.warm.pass_rate:.3f} over {self.warm.episodes} "
                              "episodes")
+            self._check_warm_start()
             self.history.append({"step": 0, **self.warm.metrics()})
             self.monitor.log(self.history[-1])
             self._agree_on_signal()

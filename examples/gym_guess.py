@@ -6,9 +6,12 @@
 
 The game: guess a secret number from 1 to 16 in at most 4 guesses; each wrong guess is answered "too
 low" or "too high". Binary search wins 15 of 16 games. The environment is an ordinary `gymnasium.Env`
-whose spaces are `gymnasium.spaces.Text` and which knows nothing of agentrl (no expert, no tools):
-`agentrl.make("gym:examples.gym_guess:GuessNumber-v0")` wraps it (`agentrl.adapters.gym_text`), so the
+whose spaces are `gymnasium.spaces.Text` and which knows nothing of agentrl (no tools):
+`agentrl.make("gym:examples.gym_guess:GuessNumber-v0")` wraps it (`agentrl.adapters.gym_text`), and the
 demonstrations are written here, from outside, by playing the wrapped env with a noisy binary search.
+The env also offers that search as a plain method, `expert_action(noise)` (the action text), which the
+wrapper passes on: `agentrl train --env gym:examples.gym_guess:GuessNumber-v0` without `--model` then
+warm-starts the tiny policy on it, as for agentrl's own envs.
 Run from the repository root (the id imports `examples.gym_guess`, which registers it).
 
 The defaults are what lifted the tiny policy (README, "Environments from the ecosystem"): 2,000
@@ -38,13 +41,24 @@ class GuessNumber(gym.Env):
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         self.secret = int(self.np_random.integers(1, HIGHEST + 1))
+        self.lo, self.hi = 1, HIGHEST  # what the answers so far leave possible
         return f"Guess my number from 1 to {HIGHEST}; you have {GUESSES} guesses.", {}
 
     def step(self, action):
         guess = int(action)
         if guess == self.secret:
             return "Right.", 1.0, True, False, {}
+        if guess < self.secret:
+            self.lo = max(self.lo, guess + 1)
+        else:
+            self.hi = min(self.hi, guess - 1)
         return f"{guess} is too {'low' if guess < self.secret else 'high'}.", 0.0, False, False, {}
+
+    def expert_action(self, noise: float = 0.0) -> str:
+        """Binary search; with probability `noise` a slip: a random number still possible (it costs a guess)."""
+        if noise > 0 and self.np_random.random() < noise:
+            return str(int(self.np_random.integers(self.lo, self.hi + 1)))
+        return str((self.lo + self.hi) // 2)
 
 
 if "GuessNumber-v0" not in gym.registry:  # run as a script, the module is imported twice (__main__ and by its id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
@@ -169,3 +170,17 @@ def test_the_guess_example_writes_demonstrations_from_a_plain_script(tmp_path):
         roles = [m["role"] for m in row["messages"]]
         assert roles[0] == "user" and roles[-1] == "assistant" and 1 <= roles.count("assistant") <= 4
         assert row["reward"] in (0.0, 1.0)
+
+
+def test_a_gym_env_with_an_expert_method_has_an_expert_and_a_plain_one_has_none(monkeypatch):
+    from agentrl.checker import has_expert
+    from agentrl.stages.sft import expert_pass_rate
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))  # examples/ from the checkout
+
+    guess = make("gym:examples.gym_guess:GuessNumber-v0")
+    assert has_expert(guess)
+    clean, noisy = expert_pass_rate(guess, range(64), 0.0), expert_pass_rate(guess, range(64), 1.0)
+    assert clean >= 0.9 > noisy  # binary search wins 15 of 16; random possible guesses fewer
+    assert expert_pass_rate(guess, range(64), 1.0) == noisy  # the slips come from the env's own seed
+    assert not has_expert(make("gym:TestReverse-v0"))

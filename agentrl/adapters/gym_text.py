@@ -12,6 +12,10 @@ malformed call is an observation the policy learns from and is counted, as in ev
 An action outside the action space (too long, too short, a character the space does not allow) is
 the policy's mistake too: it is answered with what the space accepts, counted, and not sent.
 
+A source env that has a method ``expert_action(noise)`` returning its next action's text (a scripted
+player, slipping with probability `noise`, drawing from its own ``np_random``) is the wrapper's expert:
+without ``--model``, `agentrl train` warm-starts the tiny policy on it (`examples/gym_guess.py`).
+
 Rewards: each step's reward goes to ``info["step_reward"]``; the episode's reward (agentrl's
 terminal reward ``R``) is their sum, the return. ``terminated`` and ``truncated`` are the source's
 (its TimeLimit included); `max_turns` (default: the spec's ``max_episode_steps``, else 16) counts
@@ -21,6 +25,7 @@ source's ``reset`` or ``step`` is an `EnvError` naming the env, episode and turn
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Annotated, Any
 
@@ -145,6 +150,13 @@ class GymTextEnv(AgentEnv):
 
     def verify(self) -> float:
         return self._return
+
+    def expert_action(self, noise: float = 0.0) -> str:
+        """The source's own `expert_action(noise)` text, sent through the `act` tool."""
+        source = getattr(self.inner.unwrapped, "expert_action", None)
+        if source is None:
+            raise NotImplementedError(f"gym:{self.gym_id} has no expert_action(noise) method")
+        return f"<tool_call>{json.dumps({'name': 'act', 'arguments': {'text': str(source(noise))}})}</tool_call>"
 
     def close(self) -> None:
         self.inner.close()

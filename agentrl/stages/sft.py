@@ -94,6 +94,103 @@ def calibrate_noise(env: AgentEnv, target: float, episodes: int = 48, steps: int
     return noise, tried[noise]
 
 
+def mixed_group_share(pass_rate: float, group_size: int = 8) -> float:
+    """The share of GRPO groups of `group_size` episodes that hold both a pass and a fail at this pass
+    rate: the groups whose advantages are not all zero, i.e. what RL can learn from.
+
+    >>> round(mixed_group_share(0.5), 3), round(mixed_group_share(0.97), 3)
+    (0.992, 0.216)
+    """
+    return 1.0 - pass_rate**group_size - (1.0 - pass_rate) ** group_size
+
+
+CALIBRATION_HELD_OUT = 50_000_000  # the warm start's own calibration episodes: neither demonstrations nor held-out
+
+
+def choose_noise(measure: Callable[[float], float], start: float, band: tuple[float, float], probes: int = 3,
+                 ) -> tuple[float, dict[float, float], str]:
+    """(noise, {noise probed: the warm start's pass rate there}, why): the slip rate for the warm start,
+    judged by the warm start's own pass rate (`measure(noise)`, a whole SFT and a held-out evaluation).
+
+    It starts at `start` (the default noise) and keeps it when the warm start lands inside `band`, so
+    inside the band auto is the default. Below the band it halves the distance to noise 0 for at most
+    `probes` SFTs in all (cleaner demonstrations are easier to imitate), and stops at the first warm
+    start inside the band. Above the band it keeps the noise: a warm start near the ceiling already does
+    what the expert does, and more noise only teaches the policy its slips -- measured (benchmarks/
+    warm_start.py) on grid worlds where slips are recoverable, the expert still passes at a high slip
+    rate and a warm start trained there learns random moves. Nothing probed lands inside: the probe
+    nearest the band, the smaller noise on a tie.
+
+    >>> noise, tried, why = choose_noise(lambda n: round(0.8 - 2 * n, 2), 0.35, (0.15, 0.85))  # fatal slips
+    >>> noise, tried
+    (0.175, {0.35: 0.1, 0.175: 0.45})
+    >>> choose_noise(lambda n: 0.05, 0.35, (0.15, 0.85))[:2]  # the policy learns nothing whatever the noise
+    (0.0, {0.35: 0.05, 0.175: 0.05, 0.0: 0.05})
+    """
+    lo, hi = band
+    tried: dict[float, float] = {}
+    noise = start
+    for _ in range(probes):
+        tried[noise] = measure(noise)
+        if tried[noise] >= lo or noise == 0.0:
+            break
+        noise = 0.0 if len(tried) == probes - 1 else round(noise / 2, 4)
+    inside = [n for n, r in tried.items() if lo <= r <= hi]
+    if inside:
+        noise = min(inside)
+    else:
+        noise = min(tried, key=lambda n: (max(lo - tried[n], tried[n] - hi), n))
+    rate = tried[noise]
+    if noise == start and lo <= rate <= hi:
+        why = f"inside the useful band {lo:g}-{hi:g}, so the default slip rate stays"
+    elif rate > hi:
+        why = (f"above the band {lo:g}-{hi:g}; the noise stays (more slips would teach the policy to slip; see "
+               "the ceiling warning for what to try)")
+    elif lo <= rate:
+        why = (f"the default's warm start passed {tried[start]:.2f}, below the band {lo:g}-{hi:g}: cleaner "
+               "demonstrations")
+    else:
+        why = (f"below the band {lo:g}-{hi:g} at every noise tried: the tiny policy does not learn this expert "
+               "(more --sft.episodes or --sft.epochs, or a larger --tiny model)")
+    return noise, tried, why
+
+
+def warm_start_advice(pass_rate: float, episodes: int, expert_pass_rate: float | None = None,
+                      band: tuple[float, float] = (0.15, 0.85), group_size: int = 8) -> str | None:
+    """A warning for a warm start that leaves RL little to work with, with the next thing to try; None
+    when it is fine. At the floor or the ceiling (outside `band`) most GRPO groups are all-fail or
+    all-pass and their advantages are zero; far below the expert it learned from (less than half its
+    pass rate, by more than three standard errors), SFT did not teach what the demonstrations show.
+
+    >>> warm_start_advice(0.5, 128, 0.6) is None
+    True
+    >>> warm_start_advice(0.0, 128).split(":")[0]
+    'the warm start is at the floor (held-out pass rate 0.000 over 128 episodes)'
+    """
+    share = mixed_group_share(pass_rate, group_size)
+    where = f"(held-out pass rate {pass_rate:.3f} over {episodes} episodes)"
+    if pass_rate < band[0]:
+        hint = ("lower the expert's slip rate (--sft.noise auto tries cleaner demonstrations), or train longer "
+                "(--sft.epochs, --sft.episodes)")
+        if expert_pass_rate is not None and expert_pass_rate < band[0]:
+            hint = (f"its demonstrations pass only {expert_pass_rate:.2f}: lower --sft.noise (--sft.noise auto does) "
+                    "or make the task easier")
+        return (f"the warm start is at the floor {where}: {share:.0%} of groups of {group_size} will hold a pass "
+                f"and a fail (99% at 0.5), so RL's signal is thin and slow to start; {hint}")
+    if pass_rate > band[1]:
+        return (f"the warm start is at the ceiling {where}: {share:.0%} of groups of {group_size} will hold a pass "
+                "and a fail (99% at 0.5), so RL has little left to improve; for a task that shows what RL adds, make "
+                "it harder (the env's size or horizon); to leave RL headroom on this one, fewer --sft.epochs or "
+                "--sft.episodes (a higher --sft.noise teaches the policy the expert's slips)")
+    if expert_pass_rate is not None and episodes > 0:
+        se = math.sqrt(max(pass_rate * (1 - pass_rate), 0.25 / episodes) / episodes)
+        if pass_rate < expert_pass_rate / 2 and expert_pass_rate - pass_rate > 3 * se:
+            return (f"the warm start {where} is far below the expert it learned from (its demonstrations pass "
+                    f"{expert_pass_rate:.2f}): SFT did not teach what they show; train longer (--sft.epochs, "
+                    "--sft.episodes) or use a larger --tiny model")
+    return None
+
+
 def collect_demos(make_env: Callable[[], AgentEnv], chat: ChatFormat, seeds: Sequence[int], noise: float,
                   batch: int = 64) -> list[Episode]:
     """Expert episodes, tokenised exactly as the policy's rollouts are."""
@@ -161,6 +258,7 @@ def sft(
             rng.setstate(state["rng"])
             order, first, step, loss_ema, tokens = state["order"], state["epoch"] + 1, state["step"], state["loss"], 0
             LOG.info("sft: resuming after epoch %d of %d (%s)", first, epochs, resume_path)
+    skipped = step  # steps a resumed run does not run again: its rate and ETA count only the ones it runs
     for epoch in range(first, epochs):
         rng.shuffle(order)
         for i in range(0, len(order), batch_size):
@@ -180,7 +278,8 @@ def sft(
             if log is not None:
                 elapsed = time.perf_counter() - t0
                 log({"sft/step": step, "sft/steps": steps, "sft/epoch": epoch, "sft/loss": loss_ema,
-                     "sft/elapsed_s": elapsed, "sft/eta_s": elapsed / step * (steps - step)})
+                     "sft/elapsed_s": elapsed, "sft/steps_per_s": (step - skipped) / max(elapsed, 1e-9),
+                     "sft/eta_s": elapsed / (step - skipped) * (steps - step)})
         if resume_path is not None and epoch + 1 < epochs:
             tmp = resume_path.with_name(resume_path.name + f".tmp{os.getpid()}")
             torch.save({"epochs": epochs, "demos": len(demos), "epoch": epoch, "step": step, "loss": loss_ema,
@@ -198,12 +297,14 @@ def sft(
 def progress_lines(say: Callable[[str], None] | None = None, every: float = 0.1) -> Callable[[dict[str, Any]], None]:
     """An `sft(log=...)` callback that says the loss, the rate and the ETA about every `every` of the run."""
     say = say or agentrl_log.say(__name__)
+    first: list[int | None] = [None]  # a resumed SFT's first step is said too, wherever it falls
 
     def log(m: dict[str, Any]) -> None:
         step, steps = m["sft/step"], m["sft/steps"]
         stride = max(1, round(steps * every))
-        if step == 1 or step % stride == 0 or step == steps:
-            say(f"  sft step {step}/{steps}  loss {m['sft/loss']:.4f}  {step / max(m['sft/elapsed_s'], 1e-9):.1f} "
+        if step == 1 or step % stride == 0 or step == steps or first[0] is None:
+            first[0] = step if first[0] is None else first[0]
+            say(f"  sft step {step}/{steps}  loss {m['sft/loss']:.4f}  {m['sft/steps_per_s']:.1f} "
                 f"steps/s  ETA {_duration(m['sft/eta_s'])}")
 
     return log
@@ -222,6 +323,8 @@ KEY_FILE = "warm_start_key.json"  # the key's parts, beside the weights: what a 
 FINGERPRINT_SEEDS = (40_000_000, 40_000_001, 40_000_002)
 # SFTConfig fields that choose or skip a warm start rather than shape one
 _NOT_IN_KEY = {"warm_start", "rebuild"}
+# SFTConfig fields that only noise auto reads: a probe at a fixed noise has the key `--sft.noise N` has
+_AUTO_ONLY = {"useful_band", "calibration_episodes", "calibration_probes"}
 
 
 def _sha(obj: Any) -> str:
@@ -273,7 +376,7 @@ def warm_start_parts(env: AgentEnv, env_id: str, env_kwargs: dict[str, Any], tin
         "prompt_and_tools": _sha([env.system_prompt, env.tool_schemas()]),
         "expert": expert,
         "tiny": tiny.model_dump(),
-        "sft": sft_cfg.model_dump(exclude=_NOT_IN_KEY),
+        "sft": sft_cfg.model_dump(exclude=_NOT_IN_KEY | (_AUTO_ONLY if sft_cfg.noise != "auto" else set())),
         "seed": seed,
     }
 
@@ -346,16 +449,12 @@ def warm_start(
         say(f"warm start: cached at {folder}")
         return folder
     why = "sft.rebuild is set" if sft_cfg.rebuild else why_rebuild(root, parts)
+    if sft_cfg.noise == "auto":
+        return _auto_warm_start(env_id, env_kwargs, tiny, sft_cfg, seed, folder, parts, why, log, say)
     say(f"warm start: building the tiny policy for {env_id} ({sft_cfg.episodes} demonstrations, {sft_cfg.epochs} "
         f"epochs) because {why}")
     torch.manual_seed(seed)
-    t0 = time.perf_counter()
-    if sft_cfg.noise == "auto":
-        noise, rate = calibrate_noise(env, sft_cfg.target_expert_pass_rate, sft_cfg.calibration_seeds)
-        say(f"warm start: noise auto -> {noise:g} (the expert passes {rate:.2f} of {sft_cfg.calibration_seeds} "
-            f"calibration episodes; target {sft_cfg.target_expert_pass_rate:g}, {time.perf_counter() - t0:.1f}s)")
-    else:
-        noise = float(sft_cfg.noise)
+    noise = float(sft_cfg.noise)
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
     # tokenizer corpus: demonstrations from seeds the SFT set does not use
     corpus = expert_texts(env, range(10_000_000, 10_000_000 + 400), noise=max(noise, 0.3))
@@ -364,12 +463,9 @@ def warm_start(
     demos = collect_demos(lambda: make(env_id, **env_kwargs), policy.chat,
                           list(range(20_000_000, 20_000_000 + sft_cfg.episodes)), noise)
     demo_rate = sum(d.passed for d in demos) / len(demos)
-    hint = ""
-    if sft_cfg.noise != "auto" and not 0.1 <= demo_rate <= 0.9:
-        hint = (" -- far from about half: the warm start will "
-                + ("rarely pass" if demo_rate < 0.1 else "copy a near-perfect "
-                "expert and leave RL little to learn") + "; --sft.noise auto calibrates the slip rate to a target")
-    say(f"warm start: the expert (noise {noise:g}) passes {demo_rate:.2f} of its {len(demos)} demonstrations{hint}")
+    # what the expert passes is not what the warm start will: the warm start's own pass rate is checked
+    # before RL (warm_start_advice), and it is what --sft.noise auto calibrates on
+    say(f"warm start: the expert (noise {noise:g}) passes {demo_rate:.2f} of its {len(demos)} demonstrations")
     # a warm start killed midway goes on after its last finished epoch on the next run (same key)
     metrics = sft(policy.model, demos, policy.chat.pad_id, epochs=sft_cfg.epochs, lr=sft_cfg.lr_for(pretrained=False),
                   batch_size=sft_cfg.batch_size, seed=seed, log=log or progress_lines(say),
@@ -393,6 +489,58 @@ def warm_start(
         tmp.replace(folder)
     say(f"warm start: {metrics['parameters']:,} parameters, SFT loss {metrics['sft/loss']:.3f} in "
         f"{metrics['sft/seconds']:.0f}s, saved to {folder}")
+    return folder
+
+
+def warm_start_pass_rate(folder: Path, env_id: str, env_kwargs: dict[str, Any], tiny: TinyModelConfig, seed: int,
+                         episodes: int) -> float:
+    """The warm start's own pass rate on `episodes` calibration seeds (from `CALIBRATION_HELD_OUT`),
+    sampled as the run's held-out evaluation is."""
+    from agentrl.config import TrainConfig
+    from agentrl.trainer import evaluate
+
+    cfg = TrainConfig(env={"id": env_id, "kwargs": env_kwargs}, tiny=tiny, seed=seed,
+                      eval={"episodes": episodes, "seed_offset": CALIBRATION_HELD_OUT})
+    return evaluate(cfg, Policy.load(folder), None, tiny.max_position_embeddings, say=lambda _: None).pass_rate
+
+
+def _auto_warm_start(env_id: str, env_kwargs: dict[str, Any], tiny: TinyModelConfig, sft_cfg: Any, seed: int,
+                     folder: Path, parts: dict[str, Any], why: str, log: Callable[[dict[str, Any]], None] | None,
+                     say: Callable[[str], None]) -> Path:
+    """--sft.noise auto: warm starts at the noises `choose_noise` probes (each cached as `--sft.noise N`
+    would be), judged by their own pass rate; the chosen one is copied under the auto key."""
+    import shutil
+
+    start = type(sft_cfg).model_fields["noise"].default
+    episodes, band = sft_cfg.calibration_episodes, tuple(sft_cfg.useful_band)
+    say(f"warm start: noise auto for {env_id} because {why}: the warm start at noise {start:g}, judged by its own "
+        f"pass rate over {episodes} calibration episodes (useful band {band[0]:g}-{band[1]:g})")
+    built: dict[float, Path] = {}
+
+    def measure(noise: float) -> float:
+        built[noise] = warm_start(env_id, env_kwargs, tiny, sft_cfg.model_copy(update={"noise": noise}), seed,
+                                  log=log, say=say)
+        rate = warm_start_pass_rate(built[noise], env_id, env_kwargs, tiny, seed, episodes)
+        say(f"warm start: noise {noise:g} -> the warm start passes {rate:.2f} of {episodes} calibration episodes")
+        return rate
+
+    t0 = time.perf_counter()
+    noise, tried, reason = choose_noise(measure, start, band, sft_cfg.calibration_probes)
+    probes = ", ".join(f"{n:g}: {r:.2f}" for n, r in tried.items())
+    say(f"warm start: noise auto -> {noise:g}: its warm start passes {tried[noise]:.2f} of {episodes} calibration "
+        f"episodes, {reason} (tried {probes}; {time.perf_counter() - t0:.0f}s)")
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(built[noise], tmp)
+    metrics = json.loads((tmp / "warm_start.json").read_text())
+    metrics["noise_auto"] = {"noise": noise, "calibration_pass_rate": tried[noise], "calibration_episodes": episodes,
+                             "tried": {str(n): r for n, r in tried.items()}, "useful_band": list(band),
+                             "why": reason}
+    (tmp / "warm_start.json").write_text(json.dumps(metrics, indent=2))
+    (tmp / KEY_FILE).write_text(json.dumps(parts, indent=2, default=str))
+    if folder.exists():
+        shutil.rmtree(folder, ignore_errors=True)
+    tmp.replace(folder)
     return folder
 
 
