@@ -23,6 +23,14 @@ from agentrl.core import AgentEnv, EnvError, make
 from agentrl.verify.sandbox import isolation_of
 
 GARBAGE = "this is not a tool call"
+BROKEN_CALL = "<tool_call>{not json}</tool_call>"
+
+
+def _garbage(env: AgentEnv) -> str:
+    """An action the env must refuse as malformed. In an env whose policy answers a user in plain text
+    (``answers_in_text = True``: BFCL's multi-turn suite, where a reply without a call ends the user's
+    turn) text is an answer, not a mistake, so a broken call stands in for it."""
+    return BROKEN_CALL if getattr(env, "answers_in_text", False) else GARBAGE
 
 
 @dataclass
@@ -90,7 +98,7 @@ def check_reset(env: AgentEnv) -> None:
 
 def check_step(env: AgentEnv) -> None:
     env.reset(seed=0)
-    out = env.step(GARBAGE)
+    out = env.step(_garbage(env))
     assert isinstance(out, tuple) and len(out) == 5, "step() must return (obs, reward, terminated, truncated, info)"
     obs, reward, terminated, truncated, info = out
     assert isinstance(obs, str), f"step() observation must be text, got {type(obs).__name__}"
@@ -101,8 +109,7 @@ def check_step(env: AgentEnv) -> None:
 
 def check_malformed_call_is_observation(env: AgentEnv) -> None:
     env.reset(seed=0)
-    for bad in [GARBAGE, "<tool_call>{not json}</tool_call>",
-                '<tool_call>{"name": "no_such_tool", "arguments": {}}</tool_call>']:
+    for bad in [_garbage(env), BROKEN_CALL, '<tool_call>{"name": "no_such_tool", "arguments": {}}</tool_call>']:
         obs, _, _, _, info = env.step(bad)
         assert isinstance(obs, str) and obs, f"a malformed call must be answered with an explanation, got {obs!r}"
         assert info.get("malformed", 0) >= 1, f"a malformed call ({bad!r}) was not counted in info['malformed']"
@@ -111,16 +118,16 @@ def check_malformed_call_is_observation(env: AgentEnv) -> None:
 
 
 def check_turn_budget_truncates(env: AgentEnv) -> None:
-    trace = _roll(env, 0, lambda e: GARBAGE)
+    trace = _roll(env, 0, _garbage)
     *_, (obs, reward, terminated, truncated, *_rest) = trace
     assert truncated and not terminated, "running out of turns must give truncated=True, terminated=False"
     assert len(trace) - 1 == env.max_turns, f"truncated after {len(trace) - 1} turns, max_turns is {env.max_turns}"
 
 
 def check_step_after_end_raises(env: AgentEnv) -> None:
-    _roll(env, 0, lambda e: GARBAGE)
+    _roll(env, 0, _garbage)
     try:
-        env.step(GARBAGE)
+        env.step(_garbage(env))
     except EnvError:
         return
     raise AssertionError("step() after the episode ended must raise (call reset() first)")
@@ -128,7 +135,7 @@ def check_step_after_end_raises(env: AgentEnv) -> None:
 
 def check_determinism(env: AgentEnv) -> None:
     """Reset twice with one seed, step the same actions, compare everything."""
-    actor = _expert(env) or (lambda e: GARBAGE)
+    actor = _expert(env) or _garbage
     for seed in (1, 2):
         env.reset(seed=1000 + seed)  # the expert's own randomness comes from the env's seed too
         a = _roll(env, seed, actor)
@@ -150,7 +157,7 @@ def check_threads(env: AgentEnv) -> str | None:
         copies = [pickle.loads(pickle.dumps(env)) for _ in range(THREADS)]  # how a process pool copies it too
     except Exception as e:  # any failure to copy only means this check cannot run
         return f"skipped: the env cannot be pickled ({type(e).__name__}: {e}), so it runs in threads only"
-    actor = _expert(env) or (lambda e: GARBAGE)
+    actor = _expert(env) or _garbage
     start = threading.Barrier(THREADS)
 
     def play(i: int) -> list[tuple[Any, ...]]:

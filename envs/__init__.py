@@ -17,3 +17,5 @@ if importlib.util.find_spec("reasoning_gym") is not None:
     from agentrl.adapters import reasoning_gym_tasks  # noqa: F401
 if importlib.util.find_spec("textworld") is not None:
     from agentrl.adapters import textworld_games  # noqa: F401
+if importlib.util.find_spec("bfcl_eval") is not None:  # installed with --no-deps (agentrl/adapters/bfcl.py says why)
+    from agentrl.adapters import bfcl  # noqa: F401
