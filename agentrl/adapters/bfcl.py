@@ -267,14 +267,21 @@ class BFCLEnv(AgentEnv):
     first n; ``"START-STOP"``: a range, STOP excluded; a list of indices or ids). An episode's seed picks entry
     ``seed % len(entries)``, so seeds 0..n-1 visit a subset once each. `steps_per_turn`: BFCL's step limit within
     one user turn. `max_turns`: the policy turns of an episode (default: every user turn's full step limit).
+    `functions`: ``all`` (BFCL's: every function of the entry's classes) or ``path``, only the functions its
+    solution uses (the entry's ``path`` and ground truth): not BFCL's benchmark but a prompt of a few functions
+    instead of 20-40 (9,000-21,000 characters of schema), for a policy with a short context.
     """
 
     system_prompt = SYSTEM_PROMPT
     answers_in_text: ClassVar[bool] = True  # a reply without a call ends the user turn; it is not a malformed call
 
     def __init__(self, category: str = "base", subset: int | str | Sequence[int | str] | None = None,
-                 steps_per_turn: int = STEP_LIMIT, max_turns: int | None = None):
+                 steps_per_turn: int = STEP_LIMIT, max_turns: int | None = None, functions: str = "all"):
         super().__init__(max_turns=max_turns)
+        if functions not in ("all", "path"):
+            raise ValueError(f"BFCL: functions must be 'all' (BFCL's) or 'path' (those the solution uses), got "
+                             f"{functions!r}")
+        self.functions = functions
         category = category.removeprefix("multi_turn_")
         if steps_per_turn < 1:
             raise ValueError(f"BFCL: steps_per_turn must be >= 1, got {steps_per_turn}")
@@ -312,10 +319,12 @@ class BFCLEnv(AgentEnv):
                 if not name.startswith("_"):  # a later class's method of the same name wins, as in BFCL
                     self._methods[name] = method
         held_out = {f for fs in record.get("missed_function", {}).values() for f in fs}
+        used = ({p.rpartition(".")[2] for p in record.get("path", [])}
+                | {_ground_truth_call(c)[0] for turn in entry.ground_truth for c in turn})
         self._tools = {}
         for class_name in record["involved_classes"]:
             for doc in function_docs(class_name):
-                if doc["name"] not in held_out:
+                if doc["name"] not in held_out and (self.functions == "all" or doc["name"] in used):
                     self._tools[doc["name"]] = _tool(class_name, doc["name"])
         self._prompt_tools = list(self._tools)
         self._doc_class = {d["name"]: c for c in record["involved_classes"] for d in function_docs(c)}
@@ -416,9 +425,9 @@ class BFCLEnv(AgentEnv):
         # our own per call gives fresh instances (a replayed entry would otherwise reuse the last one's state)
         token = uuid.uuid4().hex
         try:
-            result = _import(f"{BACKEND}.multi_turn_checker").multi_turn_checker(decoded[:turns], self.entry.ground_truth,
-                                                      copy.deepcopy(self.entry.record), self.category,
-                                                      f"agentrl_{token}")
+            checker = _import(f"{BACKEND}.multi_turn_checker").multi_turn_checker
+            result = checker(decoded[:turns], self.entry.ground_truth, copy.deepcopy(self.entry.record),
+                             self.category, f"agentrl_{token}")
         finally:
             space = vars(_import(f"{BACKEND}.multi_turn_utils"))
             for name in [k for k in space if token in k]:

@@ -1,0 +1,165 @@
+"""BFCL-v0: BFCL's multi-turn entries, its API classes and its own checker behind an AgentEnv.
+
+Skips without bfcl-eval (install: pip install --no-deps bfcl-eval==2026.3.23; agentrl/adapters/bfcl.py says why).
+"""
+
+import json
+import pickle
+
+import pytest
+
+pytest.importorskip("bfcl_eval", reason="bfcl-eval is not installed (pip install --no-deps bfcl-eval==2026.3.23)")
+
+from agentrl.adapters.bfcl import BACKEND, BFCLEnv, load_category  # noqa: E402
+from agentrl.checker import check_env  # noqa: E402
+from agentrl.core import make  # noqa: E402
+
+
+def call(name, **arguments):
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+def play(env, seed, actor):
+    env.reset(seed=seed)
+    while True:
+        obs, reward, terminated, truncated, info = env.step(actor(env))
+        if terminated or truncated:
+            return reward, terminated, truncated, info
+
+
+def test_expert_scores_one_on_bfcls_checker_for_a_slice_of_base():
+    env = BFCLEnv(category="base", subset="0-25")
+    scores = [play(env, seed, lambda e: e.expert_action())[0] for seed in range(len(env.entries))]
+    assert scores == [1.0] * 25, [env.entries[i].id for i, s in enumerate(scores) if s != 1.0]
+
+
+@pytest.mark.parametrize("category", ["miss_func", "miss_param", "long_context"])
+def test_expert_on_the_other_categories(category):
+    env = BFCLEnv(category=category, subset=4)
+    assert [play(env, s, lambda e: e.expert_action())[0] for s in range(4)] == [1.0] * 4
+
+
+def test_check_env_passes():
+    failed = [(r.name, r.message) for r in check_env(make("agentrl/BFCL-v0", subset=3)) if not r.ok]
+    assert failed == []
+
+
+def test_replying_at_once_fails_and_the_checker_says_why():
+    env = BFCLEnv(subset=[0])
+    reward, terminated, truncated, info = play(env, 0, lambda e: "Sure, done.")
+    assert (reward, terminated, truncated, info["malformed_calls"]) == (0.0, True, False, 0)
+    assert env.verdict["error_type"] == "multi_turn:empty_turn_model_response"
+
+
+def test_a_missing_call_changes_the_state_and_fails():
+    env = BFCLEnv(subset=[0])  # turn 0's truth: cd(document), mkdir(temp), mv(final_report.pdf -> temp)
+
+    def skip_mkdir(e):
+        text = e.expert_action()
+        if e._user_turn == 0 and "mkdir" in text:
+            return text.replace(call("mkdir", dir_name="temp"), "")
+        return text
+
+    assert play(env, 0, skip_mkdir)[0] == 0.0
+    assert env.verdict["valid"] is False
+
+
+def test_user_turns_come_in_order_after_a_reply():
+    env = BFCLEnv(subset=[0])
+    obs, info = env.reset(seed=0)
+    question = env.entry.record["question"]
+    assert obs == question[0][0]["content"] and info["user_turns"] == len(question)
+    obs, *_ = env.step(env.expert_action())  # the calls: their results, the same user turn
+    assert "User:" not in obs
+    obs, reward, terminated, truncated, info = env.step("Done.")  # a reply: the next user message
+    assert obs == "User: " + question[1][0]["content"]
+    assert (reward, terminated, info["malformed"]) == (0.0, False, 0)
+
+
+def test_hostile_calls_are_observations_not_crashes():
+    env = BFCLEnv(subset=[0])
+    env.reset(seed=0)
+    for bad, said in [("<tool_call>{not json</tool_call>", "error"),
+                      (call("rm_rf_everything"), "unknown tool"),
+                      (call("cd", folder="document", force=True), "force"),
+                      (call("cd"), "folder"),
+                      ('<tool_call>{"name": "cd", "arguments": [1, 2]}</tool_call>', "error")]:
+        obs, reward, terminated, truncated, info = env.step(bad)
+        assert said in obs and info["malformed"] >= 1 and not (terminated or truncated), (bad, obs)
+    # a call the API class itself refuses or raises on: BFCL's own error text, not counted as malformed
+    obs, *_, info = env.step(call("cd", folder="no_such_folder"))
+    assert "error" in obs.lower() and info["malformed"] == 0
+    obs, *_, info = env.step(call("mkdir", dir_name={"not": "a name"}))
+    assert obs.startswith("Error during execution:") and info["malformed"] == 0
+
+
+def test_values_go_to_the_api_as_written_as_bfcl_passes_them():
+    env = BFCLEnv(subset=["multi_turn_base_173"])  # its ground truth: close_ticket(ticket_id='ticket_001')
+    assert play(env, 0, lambda e: e.expert_action())[0] == 1.0
+
+
+def test_step_limit_of_a_user_turn_truncates_with_zero():
+    env = BFCLEnv(subset=[0], steps_per_turn=3)
+    reward, terminated, truncated, info = play(env, 0, lambda e: call("pwd"))
+    assert (reward, terminated, truncated, info["turn"]) == (0.0, False, True, 3)
+    assert env.verdict["error_type"] == "multi_turn:force_terminated"
+
+
+def test_replays_of_one_entry_are_judged_afresh():
+    import importlib
+
+    utils = importlib.import_module(f"{BACKEND}.multi_turn_utils")
+    before = {k for k in vars(utils) if k.startswith("agentrl_")}
+    env = BFCLEnv(subset=[0])
+    assert play(env, 0, lambda e: e.expert_action())[0] == 1.0
+    assert play(env, 0, lambda e: "no.")[0] == 0.0  # the checker's instances of the last verdict are not reused
+    assert play(env, 0, lambda e: e.expert_action())[0] == 1.0
+    assert {k for k in vars(utils) if k.startswith("agentrl_")} == before  # nothing left in the checker's globals
+
+
+def test_miss_func_hands_the_held_out_function_in_at_its_turn():
+    env = BFCLEnv(category="miss_func", subset=[0])  # 'sort' is held out until turn 3
+    env.reset(seed=0)
+    assert "sort" not in [s["function"]["name"] for s in env.tool_schemas()]
+    obs, *_ = env.step(call("sort", file_name="final_report.pdf"))
+    assert "unknown tool" in obs
+    for _ in range(40):
+        if env._user_turn == 3:
+            break
+        obs, *_ = env.step(env.expert_action())
+    assert env._user_turn == 3 and '"name": "sort"' in obs and "I have updated some more functions" in obs
+    assert "sort" in env._tools
+
+
+def test_pickled_mid_episode_plays_on_alike():
+    env = BFCLEnv(category="miss_func", subset=[0])
+    env.reset(seed=0)
+    for _ in range(7):
+        env.step(env.expert_action())
+    copy = pickle.loads(pickle.dumps(env))  # at user turn 4, 'sort' handed in at turn 3
+    a = [env.step(env.expert_action())[:4] for _ in range(2)]
+    b = [copy.step(copy.expert_action())[:4] for _ in range(2)]
+    assert a[-1][1:3] == (1.0, True)
+    assert a == b
+
+
+def test_subset_and_category_knobs():
+    assert len(BFCLEnv(subset=5).entries) == 5
+    assert [e.id for e in BFCLEnv(subset="10-12").entries] == ["multi_turn_base_10", "multi_turn_base_11"]
+    assert [e.id for e in BFCLEnv(subset=["multi_turn_base_7", 3]).entries] == ["multi_turn_base_7",
+                                                                                 "multi_turn_base_3"]
+    assert len(load_category("miss_param")) == 200
+    for bad in [0, 201, "5-5", "multi_turn_nope", [500], True]:
+        with pytest.raises(ValueError):
+            BFCLEnv(subset=bad)
+    with pytest.raises(ValueError, match="unknown category"):
+        BFCLEnv(category="parallel")
+    with pytest.raises(ValueError, match="functions"):
+        BFCLEnv(functions="some")
+
+
+def test_path_functions_are_a_smaller_prompt_the_expert_still_solves():
+    env = BFCLEnv(subset=3, functions="path")
+    env.reset(seed=0)
+    assert len(env.tool_schemas()) < len(BFCLEnv(subset=3).tool_schemas())
+    assert [play(env, s, lambda e: e.expert_action())[0] for s in range(3)] == [1.0] * 3
