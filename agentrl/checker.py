@@ -191,7 +191,7 @@ def check_expert(env: AgentEnv) -> str:
     if not has_expert(env):
         return "none: " + NO_EXPERT
     return ("yes: `agentrl train` without --model builds the tiny policy and warm-starts it by SFT on this expert's "
-            "noisy demonstrations (--sft.noise, or auto for a target expert pass rate)")
+            "noisy demonstrations (--sft.noise; auto judges it by the warm start's own pass rate)")
 
 
 def check_expert_finishes(env: AgentEnv) -> str | None:

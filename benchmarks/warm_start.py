@@ -36,10 +36,10 @@ sys.path.insert(0, str(ROOT))  # `gym:examples.gym_guess:...` imports the exampl
 
 # (env id, kwargs, demonstrations, SFT epochs): sized so that the default's warm start learns something
 ENVS = {
-    "vault": ("agentrl/Vault-v0", {"locks": 2}, 800, 4),
-    "sokoban": ("agentrl/TA-Sokoban-v0", {"size": 5, "boxes": 1}, 400, 4),
-    "textworld": ("agentrl/TextWorld-v0", {"quest_length": 2, "games": 2}, 150, 4),
-    "guess": ("gym:examples.gym_guess:GuessNumber-v0", {}, 500, 6),
+    "vault": ("agentrl/Vault-v0", {"locks": 1}, 400, 4),
+    "sokoban": ("agentrl/TA-Sokoban-v0", {"size": 5, "boxes": 1}, 300, 4),
+    "textworld": ("agentrl/TextWorld-v0", {"quest_length": 2, "games": 2}, 120, 4),
+    "guess": ("gym:examples.gym_guess:GuessNumber-v0", {}, 400, 6),
 }
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "max_position_embeddings": 1024, "vocab_size": 600}
@@ -104,17 +104,17 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="vault and guess, 1 seed, half the demonstrations")
     ap.add_argument("--envs", nargs="+", choices=list(ENVS), default=None)
     ap.add_argument("--seeds", type=int, nargs="+", default=None)
-    ap.add_argument("--updates", type=int, default=None, help="grpo updates after the warm start (default 6; quick 3)")
+    ap.add_argument("--updates", type=int, default=None, help="grpo updates after the warm start (default 4; quick 2)")
     ap.add_argument("--groups", type=int, default=4, help="tasks per update, 8 episodes each")
-    ap.add_argument("--eval-episodes", type=int, default=None, help="held-out episodes (default 48; quick 32)")
+    ap.add_argument("--eval-episodes", type=int, default=None, help="held-out episodes (default 32; quick 24)")
     ap.add_argument("--scale", type=float, default=None, help="demonstrations x this (default 1; quick 0.5)")
     ap.add_argument("--out", default="runs/warm-start")
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "warm_start.json"))
     args = ap.parse_args()
     args.envs = args.envs or (["vault", "guess"] if args.quick else list(ENVS))
     args.seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
-    args.updates = args.updates if args.updates is not None else (3 if args.quick else 6)
-    args.eval_episodes = args.eval_episodes or (32 if args.quick else 48)
+    args.updates = args.updates if args.updates is not None else (2 if args.quick else 4)
+    args.eval_episodes = args.eval_episodes or (24 if args.quick else 32)
     args.scale = args.scale or (0.5 if args.quick else 1.0)
     os.environ.setdefault("AGENTRL_CACHE", str(Path(args.out) / "cache"))  # warm starts of this run only
 

@@ -116,10 +116,10 @@ def choose_noise(measure: Callable[[float], float], start: float, band: tuple[fl
     inside the band auto is the default. Below the band it halves the distance to noise 0 for at most
     `probes` SFTs in all (cleaner demonstrations are easier to imitate), and stops at the first warm
     start inside the band. Above the band it keeps the noise: a warm start near the ceiling already does
-    what the expert does, and more noise only teaches the policy its slips -- measured (benchmarks/
-    warm_start.py) on grid worlds where slips are recoverable, the expert still passes at a high slip
-    rate and a warm start trained there learns random moves. Nothing probed lands inside: the probe
-    nearest the band, the smaller noise on a tie.
+    what the expert does, and more noise only teaches the policy its slips (where slips are recoverable
+    the expert still passes at a high slip rate, and a warm start trained there learns random moves:
+    a 6x6 grid world's at noise 0.95 passed 0.30 where the default's passed 0.76). Nothing probed lands
+    inside: the probe nearest the band, the smaller noise on a tie.
 
     >>> noise, tried, why = choose_noise(lambda n: round(0.8 - 2 * n, 2), 0.35, (0.15, 0.85))  # fatal slips
     >>> noise, tried
