@@ -42,11 +42,17 @@ def main() -> None:
              "--rollout.groups", "4", "--rollout.group-size", "4"]
     with tempfile.TemporaryDirectory() as tmp:
         run = train(Path(tmp) / "run", 0, args.updates, args.eval_episodes, flags, args.threads)
+        rows = [json.loads(x) for x in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
+    # why a flat run is flat: all-fail groups give grpo no advantage to follow
+    per_update = [{k: r.get(k) for k in ("step", "rollout/pass_rate", "credit/zero_adv_frac", "credit/all_fail_frac",
+                                         "rollout/malformed_per_episode", "rollout/turns_mean")}
+                  for r in rows if r.get("step", 0) > 0 and "rollout/pass_rate" in r]
     warm, final = run["warm_start_pass_rate"], run["final_pass_rate"]
     result = {"benchmark": "bfcl_tiny", "env": "agentrl/BFCL-v0 (base, functions=path)", "entries": ENTRIES,
               "baseline": "the SFT warm start, evaluated in the same run", "warm_start_pass_rate": warm,
               "final_pass_rate": final, "ratio": round(final / warm, 3) if warm else None,
-              "updates": args.updates, "eval_episodes": args.eval_episodes, "run": run, "machine": machine()}
+              "updates": args.updates, "eval_episodes": args.eval_episodes, "per_update": per_update, "run": run,
+              "machine": machine()}
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))
 
