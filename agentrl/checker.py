@@ -19,7 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.core import AgentEnv, EnvError, make
+from agentrl.core import AgentEnv, EnvError
+from agentrl.registry import make
 from agentrl.verify.sandbox import isolation_of
 
 GARBAGE = "this is not a tool call"

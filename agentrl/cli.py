@@ -168,7 +168,7 @@ def parse_train(argv: Sequence[str], prog: str, description: str, extra: type[St
 
 def _check_env(env_id: str, kwargs: dict[str, Any]) -> None:
     """Build the environment once, so that a bad id or argument fails before any other work."""
-    from agentrl.core import make
+    from agentrl.registry import make
     from agentrl.verify.sandbox import SandboxError
 
     try:
@@ -181,7 +181,7 @@ def _check_expert(env_id: str, kwargs: dict[str, Any]) -> None:
     """Without --model the tiny policy learns from the env's expert: an env without one fails here, at
     once, with the ways forward (not after the tokenizer is trained)."""
     from agentrl.checker import NO_EXPERT, has_expert
-    from agentrl.core import make
+    from agentrl.registry import make
 
     if not has_expert(make(env_id, **kwargs)):
         raise UsageError(f"environment {env_id}: {NO_EXPERT}")
@@ -436,8 +436,8 @@ def cmd_sft(argv: Sequence[str]) -> int:
     import json
     import shutil
 
-    from agentrl.core import make
     from agentrl.policy import Policy
+    from agentrl.registry import make
     from agentrl.stages.sft import collect_demos, progress_lines, sft, tiny_policy_from_conversations, warm_start
     from agentrl.trainer import evaluate
 

@@ -66,7 +66,6 @@ __all__ = [
     "ToolCall",
     "ToolTimeout",
     "Turn",
-    "make",
     "parse_tool_calls",
 ]
 
@@ -437,98 +436,6 @@ def _valid(tool: Tool | None, arguments: dict[str, Any]) -> bool:
     except ValidationError:
         return False
     return True
-
-
-def _import_from_cwd(module: str) -> Any:
-    """Import `module`, also from the current folder (as `python -m` would; console scripts don't),
-    or from a file when `module` is a path ending in .py (`path/to/my_env.py`)."""
-    import importlib
-    import importlib.util
-    import os
-    import sys
-    from pathlib import Path
-
-    if module.endswith(".py"):
-        path = Path(module).resolve()
-        if not path.is_file():
-            raise ModuleNotFoundError(f"no file {module} (from {os.getcwd()})", name=module)
-        name = path.stem
-        loaded = sys.modules.get(name)
-        if loaded is not None:
-            if Path(getattr(loaded, "__file__", "") or "").resolve() == path:
-                return loaded
-            raise ImportError(f"{module}: a different module named {name!r} is already imported "
-                              f"({getattr(loaded, '__file__', 'built in')}); rename the file")
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"{module}: not a Python module")
-        mod = importlib.util.module_from_spec(spec)
-        # registered under its name so that its classes pickle by reference (worker pools) and a
-        # second make() returns the same classes
-        sys.modules[name] = mod
-        try:
-            spec.loader.exec_module(mod)
-        except BaseException:
-            del sys.modules[name]
-            raise
-        return mod
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if os.getcwd() in sys.path or not (e.name and module.startswith(e.name)):
-            raise
-        sys.path.insert(0, os.getcwd())
-        return importlib.import_module(module)
-
-
-IMPORT_HINT = ("the module must be importable from here: run from the folder that holds it, add that folder to "
-               "PYTHONPATH, install its package (pip install -e .), or name the file instead: path/to/my_env.py:MyEnv")
-
-
-def make(env_id: str, **kwargs: Any) -> AgentEnv:
-    """Build a registered environment (`agentrl/Vault-v0`), `module:Class` or `path/to/file.py:Class`,
-    without wrappers.
-
-    A registered id goes through `gymnasium.make`; agentrl's own ids are registered without
-    gymnasium's checker and order wrappers, so both return the bare `AgentEnv` that the rollout steps.
-    `gym:SomeId` wraps any gymnasium env whose spaces are text (`agentrl.adapters.gym_text`).
-    """
-    if env_id.startswith("gym:"):  # before the module:Class split: a gymnasium id may hold a colon of its own
-        from agentrl.adapters.gym_text import GymTextEnv
-
-        return GymTextEnv(env_id.removeprefix("gym:"), **kwargs)
-    module, _, attr = env_id.rpartition(":")
-    if module.endswith(".py") or (module and "/" not in module):
-        try:
-            loaded = _import_from_cwd(module)
-        except ModuleNotFoundError as e:
-            raise ValueError(f"cannot load environment {env_id!r}: {e}; {IMPORT_HINT}") from e
-        except ImportError as e:
-            raise ValueError(f"cannot load environment {env_id!r}: {e}") from e
-        try:
-            cls = getattr(loaded, attr)
-        except AttributeError:
-            found = sorted(k for k, v in vars(loaded).items() if isinstance(v, type) and issubclass(v, AgentEnv)
-                           and v is not AgentEnv)
-            raise ValueError(f"cannot load environment {env_id!r}: module {module} has no {attr!r}"
-                             + (f"; its AgentEnv classes: {', '.join(found)}" if found else "")) from None
-        env = cls(**kwargs)
-    else:
-        import agentrl.envs  # noqa: F401  (registers the built-in environments)
-
-        try:
-            spec = gym.spec(env_id)
-        except gym.error.Error as e:
-            known = sorted(k for k in gym.registry if k.startswith("agentrl/"))
-            raise ValueError(f"unknown environment {env_id!r}; built-in: {', '.join(known)}") from e
-        env = gym.make(spec, **kwargs)  # agentrl's own ids are registered so that this is the bare env
-        if not isinstance(env, AgentEnv) and isinstance(env.unwrapped, AgentEnv):
-            raise TypeError(f"{env_id!r} is registered with gymnasium wrappers ({type(env).__name__}); agentrl steps "
-                            "the AgentEnv itself: register it with disable_env_checker=True, order_enforce=False and "
-                            "no max_episode_steps (the turn budget is the env's max_turns)")
-    if not isinstance(env, AgentEnv):
-        raise TypeError(f"{env_id!r} built a {type(env).__name__}, which is not an agentrl.AgentEnv")
-    return env
 
 
 # --------------------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ from agentrl.checkpoint import CheckpointError, clear_run, latest, rng_state, se
 from agentrl.checkpoint import read as read_checkpoint
 from agentrl.checkpoint import write as write_checkpoint
 from agentrl.config import SamplingConfig, TrainConfig
-from agentrl.core import Episode, make
+from agentrl.core import Episode
 from agentrl.credit import Credit
 from agentrl.distributed import Ranks
 from agentrl.engines import get_engine_spec
@@ -56,6 +56,7 @@ from agentrl.mismatch import capped_ratio, correction, loss_terms
 from agentrl.mismatch import stats as mismatch_stats
 from agentrl.monitor import Monitor, SilentMonitor
 from agentrl.policy import Policy, add_lora, shards_weights, token_stats
+from agentrl.registry import make
 from agentrl.rollout import rollout
 from agentrl.store import TrajectoryStore, TurnBatch, make_batch, segment_batch, to_episodes, truncate_store
 from agentrl.verify.sandbox import isolation_of

@@ -107,7 +107,7 @@ def train_config(env_id: str, env_kw: dict, demos: int, batch: int, noise: float
 
 def calibrate(family: Family, n: int, target: float = 0.5, episodes: int = 400) -> tuple[int, float, float]:
     """(slack, noise, expert pass rate) at knob value `n`: slack from the family, noise fitted to `target`."""
-    from agentrl.core import make
+    from agentrl.registry import make
 
     slack = family.slack(n)
     best = None

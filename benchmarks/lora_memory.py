@@ -99,8 +99,8 @@ def main() -> None:
     if args.model:
         return worker(args)
 
-    from agentrl.core import make
     from agentrl.policy import TinyModelConfig, build_tiny_policy
+    from agentrl.registry import make
     from agentrl.stages.sft import expert_texts
 
     out = Path(args.out or tempfile.mkdtemp(prefix="lora-memory-"))

@@ -48,9 +48,9 @@ import time
 import numpy as np
 import torch
 
-from agentrl.core import make
 from agentrl.engines import SamplingConfig, TorchEngine
 from agentrl.policy import ChatFormat, Policy, TinyModelConfig, build_tiny_policy
+from agentrl.registry import make
 from agentrl.rollout import rollout
 from agentrl.stages.sft import expert_texts
 

@@ -34,9 +34,9 @@ from collections.abc import Callable
 import torch
 from transformers import DynamicCache
 
-from agentrl.core import make
 from agentrl.engines import SamplingConfig, TorchEngine
 from agentrl.policy import Policy, TinyModelConfig, build_tiny_policy
+from agentrl.registry import make
 from agentrl.stages.sft import expert_texts
 
 MODEL = TinyModelConfig(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,

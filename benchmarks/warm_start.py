@@ -50,7 +50,7 @@ OLD_AUTO: dict[str, float] = {}  # the old rule's noise depends on the env alone
 
 def cell(env: str, rule: str, seed: int, args: argparse.Namespace, out: Path, default: dict | None) -> dict:
     from agentrl.config import SFTConfig, TrainConfig
-    from agentrl.core import make
+    from agentrl.registry import make
     from agentrl.stages.sft import calibrate_noise
     from agentrl.trainer import train
 

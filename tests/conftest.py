@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from agentrl.core import make
 from agentrl.policy import Policy, TinyModelConfig, build_tiny_policy
+from agentrl.registry import make
 from agentrl.stages.sft import expert_texts
 
 # keep warm-start caches of the tests out of the user's cache

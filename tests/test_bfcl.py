@@ -12,7 +12,7 @@ pytest.importorskip("bfcl_eval", reason="bfcl-eval is not installed (pip install
 
 from agentrl.adapters.bfcl import BACKEND, BFCLEnv, load_category  # noqa: E402
 from agentrl.checker import check_env  # noqa: E402
-from agentrl.core import make  # noqa: E402
+from agentrl.registry import make  # noqa: E402
 
 
 def call(name, **arguments):

@@ -16,10 +16,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from agentrl.core import Episode, Turn, make
+from agentrl.core import Episode, Turn
 from agentrl.credit import CriticConfig, TurnCritic, TurnHead, explained_variance, final_features, turn_features
 from agentrl.engines import SamplingConfig, TorchEngine
 from agentrl.policy import token_stats
+from agentrl.registry import make
 from agentrl.rollout import rollout
 from agentrl.store import make_batch
 

@@ -16,10 +16,10 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from agentrl.core import make
 from agentrl.engines import SamplingConfig, TorchEngine, torch_engine
 from agentrl.engines.torch_engine import _append
 from agentrl.policy import token_stats
+from agentrl.registry import make
 from agentrl.rollout import rollout
 from agentrl.store import make_batch
 

@@ -13,7 +13,8 @@ from gymnasium import spaces
 from agentrl import cli
 from agentrl.adapters.gym_text import GymTextEnv
 from agentrl.checker import check_env
-from agentrl.core import EnvError, make
+from agentrl.core import EnvError
+from agentrl.registry import make
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 

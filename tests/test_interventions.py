@@ -107,7 +107,7 @@ def test_verifier_rotation_on_overfit_when_the_env_rotates():
 
 
 def test_code_env_draws_more_hidden_tests_when_rotation_turns_its_knob():
-    from agentrl.core import make
+    from agentrl.registry import make
 
     env = make("agentrl/Code-v0")
     before = env.reset(seed=1)[1]["hidden_tests"]

@@ -26,8 +26,9 @@ from pydantic import Field  # noqa: E402
 from agentrl.adapters.openenv import OpenEnvEnv  # noqa: E402
 from agentrl.adapters.serve import bind  # noqa: E402
 from agentrl.checker import check_env  # noqa: E402
-from agentrl.core import EnvError, make  # noqa: E402
+from agentrl.core import EnvError  # noqa: E402
 from agentrl.engines import ScriptedEngine  # noqa: E402
+from agentrl.registry import make
 from agentrl.rollout import rollout  # noqa: E402
 
 START_TIMEOUT = 90  # seconds for `agentrl serve-env` to print its address (importing OpenEnv takes seconds)

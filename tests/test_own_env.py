@@ -19,7 +19,7 @@ import yaml
 
 from agentrl import cli
 from agentrl.config import SFTConfig, TrainConfig
-from agentrl.core import make
+from agentrl.registry import make
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--set", "tiny.hidden_size=16", "--set", "tiny.intermediate_size=32", "--set", "tiny.num_attention_heads=2",

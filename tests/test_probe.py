@@ -293,15 +293,17 @@ def test_thresholds_from_sweep_needs_grpo():
         thresholds_from_sweep(sweep({1: {"arpo": [0.5]}}))
 
 
-def test_default_thresholds_load_the_committed_sweep_or_fall_back(tmp_path):
-    assert default_thresholds(tmp_path / "missing.json").source == "literature"
+def test_thresholds_from_a_sweep_file_or_the_fallback(tmp_path):
+    from agentrl.probe.calibration import thresholds_from_file
+
+    assert thresholds_from_file(tmp_path / "missing.json").source == "literature"
     f = tmp_path / "horizon_sweep.json"
     f.write_text(json.dumps(sweep({1: {"grpo": [0.5, 0.6]}, 8: {"grpo": [0.2, 0.3], "turn-ppo": [0.6, 0.7]}})))
-    t = default_thresholds(f)
+    t = thresholds_from_file(f)
     assert t.source == str(f) and t.horizon_cutoff == 10.0 and t.long_horizon_algo == "turn-ppo"
     f.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
-        default_thresholds(f)
+        thresholds_from_file(f)
 
 
 # -- stores from disk, the report, the CLI --------------------------------------------------------

@@ -11,8 +11,8 @@ import pytest
 from envs_for_workers import BrokenVault, CrashingVault, SlowEnv
 from test_workers import call, greedy_engine, hang_then_ping, scripted, summary, vault_envs
 
-from agentrl.core import make
 from agentrl.engines import ScriptedEngine
+from agentrl.registry import make
 from agentrl.rollout import rollout
 from agentrl.workers import RayPool, make_pool
 
@@ -152,7 +152,7 @@ def test_close_kills_the_actors_and_leaves_ray_running():
 
 CONNECT = """
 import ray
-from agentrl.core import make
+from agentrl.registry import make
 from agentrl.workers import make_pool
 with make_pool("ray:1") as pool:
     obs, _ = pool.submit(0, make("agentrl/Vault-v0", locks=1), "reset", 0).result(60)

@@ -8,10 +8,10 @@ import json
 import pytest
 import torch
 
-from agentrl.core import make
 from agentrl.engines import SamplingConfig, ScriptedEngine, TorchEngine
 from agentrl.engines.torch_engine import sample_tokens
 from agentrl.policy import token_stats
+from agentrl.registry import make
 from agentrl.rollout import rollout
 from agentrl.store import make_batch
 

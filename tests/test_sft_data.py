@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from agentrl.core import make
+from agentrl.registry import make
 from agentrl.stages.data import DataError, load_conversations, load_demos
 
 TOOLS = [{"type": "function",

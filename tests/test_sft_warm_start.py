@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from agentrl.config import SFTConfig, TrainConfig
-from agentrl.core import make
 from agentrl.monitor import SilentMonitor
+from agentrl.registry import make
 from agentrl.stages.sft import choose_noise, collect_demos, progress_lines, sft, warm_start_advice
 from tests.conftest import MICRO
 

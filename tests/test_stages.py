@@ -148,8 +148,8 @@ def test_pipeline_runs_every_stage(tmp_path):
 def scripted_groups(cfg, policy, groups, group_size, seed):
     """Stand-in for the pipeline's collect_groups: in each group two expert episodes pass and two that
     write "hello" fail (a micro model passes nothing, so its own groups would give no pair)."""
-    from agentrl.core import make
     from agentrl.engines import ScriptedEngine
+    from agentrl.registry import make
     from agentrl.rollout import rollout
 
     envs = [make(cfg.env.id, **cfg.env.kwargs) for _ in range(groups * group_size)]
@@ -247,8 +247,8 @@ def test_a_killed_pipeline_resumes_at_the_stage_that_did_not_finish(tmp_path, mo
 
 
 def test_sft_killed_midway_resumes_after_its_last_epoch_to_the_same_weights(tmp_path, vault_policy_dir):
-    from agentrl.core import make
     from agentrl.policy import Policy
+    from agentrl.registry import make
     from agentrl.stages.sft import collect_demos, sft
 
     def fresh():

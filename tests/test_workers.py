@@ -10,9 +10,10 @@ import time
 import pytest
 from envs_for_workers import BrokenVault, SlowEnv
 
-from agentrl.core import Tool, make
+from agentrl.core import Tool
 from agentrl.engines import SamplingConfig, ScriptedEngine, TorchEngine
 from agentrl.envs.vault import VaultEnv
+from agentrl.registry import make
 from agentrl.rollout import rollout
 from agentrl.workers import ToolRunner, make_pool, parse_workers
 

@@ -33,7 +33,8 @@ import gymnasium as gym
 from gymnasium import spaces
 from pydantic import AfterValidator, ConfigDict, create_model
 
-from agentrl.core import AgentEnv, EnvError, Tool, _import_from_cwd
+from agentrl.core import AgentEnv, EnvError, Tool
+from agentrl.loading import import_from_cwd
 
 DEFAULT_MAX_TURNS = 16
 
@@ -70,7 +71,7 @@ class GymTextEnv(AgentEnv):
                 # gymnasium imports `module` by name only; console scripts (`agentrl ...`) and `python
                 # path/to/script.py` leave the current folder off sys.path, so import it from there first
                 try:
-                    _import_from_cwd(module)
+                    import_from_cwd(module)
                 except ModuleNotFoundError as e:
                     raise ValueError(f"gym:{env}: cannot import {module!r} ({e}); run from the folder that holds "
                                      "it or add that folder to PYTHONPATH") from e

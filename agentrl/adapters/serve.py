@@ -28,7 +28,8 @@ from typing import Any
 
 from pydantic import ConfigDict, Field
 
-from agentrl.core import AgentEnv, make
+from agentrl.core import AgentEnv
+from agentrl.registry import make
 
 PROTOCOL = 1  # the version of the fields above; a client refuses a server that speaks another
 

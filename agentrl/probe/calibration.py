@@ -188,6 +188,19 @@ def thresholds_from_sweep(
 # The packaged calibration
 
 
+
+def thresholds_from_file(path: str | Path) -> ProbeThresholds:
+    """Thresholds fitted to the horizon sweep's results in `path` (benchmarks/horizon_sweep.py's sweep.json),
+    or the literature fallback when no file is there."""
+    path = Path(path)
+    if not path.is_file():
+        return ProbeThresholds()
+    try:
+        sweep = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: the horizon sweep's results are not valid JSON ({e})") from e
+    return thresholds_from_sweep(sweep, source=str(path))
+
 def _last_commit(path: Path) -> str | None:
     """The commit that last changed `path`, when it sits in a git checkout (else None)."""
     try:

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+import agentrl.probe.stats as st
 from agentrl import credit
 from agentrl.core import Episode
-from agentrl.probe import stats as st
 from agentrl.probe.result import ProbeCurves, ProbeStats
 from agentrl.probe.thresholds import ProbeThresholds
 from agentrl.probe.value import CHEAP_FEATURES, cheap_features, cv_r2, group_folds, hidden_features

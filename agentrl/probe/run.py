@@ -80,8 +80,8 @@ def collect(
     """A short rollout with the current policy: `groups` tasks x `group_size` episodes, training seeds
     (below the held-out offset), hidden states captured for the value probe. Without `policy`, the
     policy is built as `Trainer` builds it: `--model`, else the cached SFT warm start."""
-    from agentrl.core import make
     from agentrl.policy import Policy
+    from agentrl.registry import make
     from agentrl.rollout import rollout
     from agentrl.trainer import make_engine, resolve_device
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -241,21 +240,7 @@ def thresholds_from_record(data: Any, where: str) -> ProbeThresholds:
         raise ValueError(f"{where}: {problems}") from e
 
 
-def default_thresholds(path: str | Path | None = None) -> ProbeThresholds:
-    """The thresholds the probe uses unless told otherwise: the packaged calibration.
-
-    With `path`, thresholds fitted to that horizon sweep's results instead (benchmarks/horizon_sweep.py's
-    sweep.json), or the literature fallback when no file is there.
-    """
-    if path is None:
-        return packaged_thresholds()
-    from agentrl.probe.calibration import thresholds_from_sweep
-
-    path = Path(path)
-    if not path.is_file():
-        return ProbeThresholds()
-    try:
-        sweep = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: the horizon sweep's results are not valid JSON ({e})") from e
-    return thresholds_from_sweep(sweep, source=str(path))
+def default_thresholds() -> ProbeThresholds:
+    """The thresholds the probe uses unless told otherwise: the packaged calibration (thresholds fitted to
+    another sweep: `agentrl.probe.calibration.thresholds_from_file`)."""
+    return packaged_thresholds()

@@ -22,8 +22,8 @@ import numpy as np
 
 import agentrl.log as agentrl_log
 from agentrl.config import TrainConfig
-from agentrl.core import make
 from agentrl.policy import Policy
+from agentrl.registry import make
 from agentrl.rollout import rollout
 from agentrl.stages.dpo import DPOConfig, pairs_from_episodes, train_preferences
 from agentrl.stages.sft import warm_start

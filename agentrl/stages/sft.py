@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 import agentrl.log as agentrl_log
-from agentrl.core import AgentEnv, Episode, make
+from agentrl.core import AgentEnv, Episode
 from agentrl.engines.base import ScriptedEngine
 from agentrl.policy import (
     ChatFormat,
@@ -33,6 +33,7 @@ from agentrl.policy import (
     position_ids_from_mask,
     render_corpus_text,
 )
+from agentrl.registry import make
 from agentrl.rollout import rollout
 from agentrl.store import make_batch, segment_batch
 

@@ -76,7 +76,6 @@ _instances: dict[str, Verifier] = {}
 
 def verifier_for(task: Any) -> Verifier:
     """The default verifier for `task`'s kind; `NotVerifiable` if there is none."""
-    _load_builtin()
     kind = _kind(task)
     if kind not in _REGISTRY:
         raise NotVerifiable(f"no verifier for tasks of kind {kind!r}; known kinds: {', '.join(sorted(_REGISTRY))}")
@@ -90,11 +89,3 @@ def verify(task: Any, answer: Any) -> Verdict:
     return verifier_for(task)(task, answer)
 
 
-_builtin_loaded = False
-
-
-def _load_builtin() -> None:
-    global _builtin_loaded
-    if not _builtin_loaded:
-        _builtin_loaded = True
-        from agentrl.verify import code, math, sql, state  # noqa: F401  (each registers itself)

@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from agentrl.core import AgentEnv, Tool, make, parse_tool_calls
+from agentrl.core import AgentEnv, Tool, parse_tool_calls
+from agentrl.registry import make
 
 __all__ = ["ProbeResult", "ProbeRow", "generic_attacks", "print_result", "run_verifier_probe"]
 
