@@ -47,11 +47,42 @@ class CreditAssigner(Protocol):
     """What the trainer calls; the registry entry (`agentrl.algorithms.AssignerSpec`) holds its name and options.
 
     `fit` may train the assigner's own networks (a critic, a PRM) on the batch; `assign` turns the
-    batch and what `fit` returned into advantages. Neither writes into the batch."""
+    batch and what `fit` returned into advantages. Neither writes into the batch.
+
+    Optional, with defaults (`assigner_state`, `load_assigner_state`, `set_options`): ``state_dict()`` /
+    ``load_state_dict(state)`` for what a checkpoint must keep (a critic's weights; an assigner without
+    them keeps nothing), and ``set_options(config)`` for options an intervention changed (default: the
+    new options replace ``cfg``)."""
 
     def fit(self, batch: TurnBatch) -> Fit: ...
 
     def assign(self, batch: TurnBatch, fit: Fit) -> Credit: ...
+
+
+def assigner_state(assigner: Any) -> dict[str, Any]:
+    """What a checkpoint keeps of `assigner`: its ``state_dict()``, or nothing for one without state."""
+    save = getattr(assigner, "state_dict", None)
+    return save() if callable(save) else {}
+
+
+def load_assigner_state(assigner: Any, state: dict[str, Any]) -> None:
+    """Give `assigner` back what `assigner_state` saved. A checkpoint that holds state for an assigner that
+    cannot take it is refused (a resumed run is the same run)."""
+    load = getattr(assigner, "load_state_dict", None)
+    if callable(load):
+        load(state)
+    elif state:
+        raise ValueError(f"the checkpoint holds state for the assigner ({', '.join(map(str, state))}), but "
+                         f"{type(assigner).__name__} has no load_state_dict to take it")
+
+
+def set_options(assigner: Any, config: Any) -> None:
+    """Hand `assigner` options an intervention changed: its ``set_options(config)``, else ``cfg = config``."""
+    setter = getattr(assigner, "set_options", None)
+    if callable(setter):
+        setter(config)
+    else:
+        assigner.cfg = config
 
 
 def group_advantages(

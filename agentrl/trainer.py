@@ -47,7 +47,7 @@ from agentrl.checkpoint import read as read_checkpoint
 from agentrl.checkpoint import write as write_checkpoint
 from agentrl.config import SamplingConfig, TrainConfig
 from agentrl.core import Episode
-from agentrl.credit import Credit
+from agentrl.credit import Credit, assigner_state, load_assigner_state, set_options
 from agentrl.distributed import Ranks
 from agentrl.engines import get_engine_spec
 from agentrl.health import Action, Knobs, check, plan
@@ -411,7 +411,7 @@ class Trainer:
             "distributed_type": _kind(self.accelerator.distributed_type),
         }
         files = {"model.pt": weights, "optimizer.pt": self.optimizer.state_dict(),
-                 "assigner.pt": self.assigner.state_dict(),
+                 "assigner.pt": assigner_state(self.assigner),
                  "rng.pt": {**rng_tensors, **({"engine": engine} if engine is not None else {})}, "state.json": state}
         return write_checkpoint(self.out / CHECKPOINTS, self.done, files, keep=self.cfg.checkpoint.keep)
 
@@ -438,7 +438,7 @@ class Trainer:
             raise CheckpointError(f"{folder}: model.pt does not fit this policy (unexpected {unexpected[:3]}, missing "
                                   f"{missing[:3]})")
         self.optimizer.load_state_dict(read_checkpoint(folder, "optimizer.pt"))
-        self.assigner.load_state_dict(read_checkpoint(folder, "assigner.pt"))
+        load_assigner_state(self.assigner, read_checkpoint(folder, "assigner.pt"))
         rng = read_checkpoint(folder, "rng.pt")
         if state["engine_state"]:
             self.engine.load_state_dict(rng.pop("engine"))
@@ -451,7 +451,7 @@ class Trainer:
         self.cfg.rollout.sampling.temperature = knobs["temperature"]  # in place: the engine holds this object
         if knobs["dynamic_sampling"] is not None:
             self.cfg.credit = self.cfg.credit.model_copy(update={"dynamic_sampling": knobs["dynamic_sampling"]})
-            self.assigner.cfg = self.cfg.credit
+            set_options(self.assigner, self.cfg.credit)
         if knobs["verifier_tests"] is not None:
             for env in self.envs:
                 env.hidden_per_episode = int(knobs["verifier_tests"])
@@ -515,7 +515,7 @@ class Trainer:
             cfg.rollout.sampling.temperature = float(action.new)  # the engine samples with this same object
         elif action.knob == "dynamic_sampling":
             cfg.credit = cfg.credit.model_copy(update={"dynamic_sampling": action.new})
-            self.assigner.cfg = cfg.credit  # the assigner reads its options from here on
+            set_options(self.assigner, cfg.credit)  # the assigner reads its options from here on
         elif action.knob == "verifier_tests":
             for env in self.envs:  # verifier rotation: each episode draws this many hidden tests from the pool
                 env.hidden_per_episode = int(action.new)

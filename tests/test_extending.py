@@ -88,3 +88,63 @@ def test_a_registered_toy_assigner_trains_through_the_cli_and_the_probe_can_pick
                        value_change_concentration=0.08, uniform_share=0.05, post_obs_entropy=1.0)
     rec, _ = recommend(stats, th, 640)
     assert (th.long_horizon_algo, rec.algo, rec.rule) == ("toy-turn", "toy-turn", "long-horizon")
+
+
+def docs_blocks(heading: str) -> list[str]:
+    """The python code blocks of docs/extending.md's section `heading`, as the docs print them."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "extending.md").read_text()
+    start = text.index(f"## {heading}")
+    end = text.find("\n## ", start + 1)
+    import re
+
+    return re.findall(r"```python\n(.*?)```", text[start:end if end > 0 else None], flags=re.S)
+
+
+def test_the_docs_sign_assigner_trains_checkpoints_every_update_and_resumes(tmp_path, monkeypatch, vault_policy_dir):
+    """docs/extending.md's `Sign` example, as printed there (it defines no state_dict): a run that checkpoints
+    after every update, killed after the first, resumes to the end."""
+    sign_module, launcher = docs_blocks("A credit assigner")[:2]
+    assert "class Sign" in sign_module and "state_dict" not in sign_module  # the example as a user copies it
+    (tmp_path / "my_pkg").mkdir()
+    (tmp_path / "my_pkg" / "__init__.py").write_text("")
+    (tmp_path / "my_pkg" / "sign.py").write_text(sign_module)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import agentrl.algorithms as algorithms
+
+    monkeypatch.setattr(algorithms, "ASSIGNERS", dict(ASSIGNERS))  # the registration ends with the test
+    assert "import my_pkg.sign" in launcher and 'main(["train", "--algo", "sign"' in launcher
+    import my_pkg.sign  # noqa: F401  (the launcher's first line)
+
+    out = tmp_path / "run"
+    common = ["--model", str(vault_policy_dir), "--device", "cpu", "--env-kw", "locks=1", "--rollout.groups", "2",
+              "--rollout.group-size", "2", "--rollout.sampling.max-new-tokens", "8", "--eval.episodes", "2",
+              "--checkpoint.every", "1"]
+    assert main(["train", "--algo", "sign", "--credit.scale", "0.5", "--updates", "2", "--out", str(out), *common]) == 0
+    # as a run killed after update 1's checkpoint leaves it: the newer checkpoint gone
+    import shutil
+
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["update_00001", "update_00002"]
+    shutil.rmtree(out / "checkpoints" / "update_00002")
+    assert main(["train", "--resume", str(out)]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r.get("step", 0) > 0 and not r.get("final")] == [1, 2]  # update 2 again, once
+    assert all(abs(r["credit/adv_mean"]) <= 0.5 for r in rows if "credit/adv_mean" in r)
+
+
+def test_an_assigner_without_state_refuses_a_checkpoint_that_holds_some():
+    import pytest
+
+    from agentrl.credit import assigner_state, load_assigner_state, set_options
+
+    class Bare:
+        cfg = "old"
+
+    bare = Bare()
+    assert assigner_state(bare) == {}
+    load_assigner_state(bare, {})  # nothing saved, nothing to take
+    with pytest.raises(ValueError, match="no load_state_dict"):
+        load_assigner_state(bare, {"critic": 1})
+    set_options(bare, "new")
+    assert bare.cfg == "new"
