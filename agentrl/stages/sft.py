@@ -156,6 +156,9 @@ def choose_noise(measure: Callable[[float], float], start: float, band: tuple[fl
     return noise, tried, why
 
 
+ADVICE_MIN_EPISODES = 4  # fewer held-out episodes than this cannot place a warm start at the floor or the ceiling
+
+
 def warm_start_advice(pass_rate: float, episodes: int, expert_pass_rate: float | None = None,
                       band: tuple[float, float] = (0.15, 0.85), group_size: int = 8) -> str | None:
     """A warning for a warm start that leaves RL little to work with, with the next thing to try; None
@@ -167,7 +170,11 @@ def warm_start_advice(pass_rate: float, episodes: int, expert_pass_rate: float |
     True
     >>> warm_start_advice(0.0, 128).split(":")[0]
     'the warm start is at the floor (held-out pass rate 0.000 over 128 episodes)'
+    >>> warm_start_advice(1.0, 1) is None  # one episode (agentrl sft --eval-episodes 1) says nothing either way
+    True
     """
+    if episodes < ADVICE_MIN_EPISODES:
+        return None
     share = mixed_group_share(pass_rate, group_size)
     where = f"(held-out pass rate {pass_rate:.3f} over {episodes} episodes)"
     if pass_rate < band[0]:
