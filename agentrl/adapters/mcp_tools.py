@@ -112,7 +112,7 @@ class MCPSession:
         try:
             self.tools: list[Any] = ready.result(timeout=spec.connect_timeout)
         except cf.TimeoutError:
-            self.close(wait=0.5)
+            self.close(polite=False)  # it never listed its tools: nothing to end politely
             raise MCPServerError(f"{spec.label} did not start and list its tools within {spec.connect_timeout:g} s"
                                  f"{self._stderr_tail()}") from None
         except Exception as e:
@@ -189,10 +189,11 @@ class MCPSession:
             return ""
         return f"; its stderr ends: {tail}" if tail else ""
 
-    def close(self, wait: float = 5.0) -> None:
+    def close(self, wait: float = 5.0, polite: bool = True) -> None:
         """End the session (a started server exits with it) and its thread: politely, then by cancelling a
-        session that is stuck (a server that never finished its handshake)."""
-        if self._closing is not None and not self._main.done():
+        session that is stuck (a server that never finished its handshake), waiting for the transport to
+        stop the server process."""
+        if polite and self._closing is not None and not self._main.done():
             self._loop.call_soon_threadsafe(self._closing.set)
             with contextlib.suppress(Exception):
                 self._main.result(timeout=wait)
