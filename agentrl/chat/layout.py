@@ -64,14 +64,8 @@ class ChatFormat:
         between = text[text.index(self._A) + len(self._A) :]
         self.obs_prefix, _, self.obs_suffix = between.partition(self._O)
         # a message that ends in a call's stop string may be closed otherwise (harmony: <|call|> ends it, no <|end|>)
-        self.prefix_after: dict[str, str] = {}
-        for stop in self.tool_format.stop_strings:
-            msgs[1]["content"] = self._A + stop
-            text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-            after = text[text.index(self._A + stop) + len(self._A + stop) :].partition(self._O)[0] \
-                if self._A + stop in text and self._O in text else self.obs_prefix
-            if after != self.obs_prefix:
-                self.prefix_after[stop] = after
+        self.prefix_after = {stop: after for stop in self.tool_format.stop_strings
+                             if (after := self._wrapper_after(self._A + stop)) not in (None, self.obs_prefix)}
         self.eos_text = tokenizer.eos_token or ""
         stops = {self.eos_id}
         # An action ends where the template ends an assistant message (the added token it writes right
@@ -94,6 +88,16 @@ class ChatFormat:
             raise ValueError(f"history must be auto, append or template, got {history!r}")
         self.rewrites_history = self._rewrites_history()
         self.history = ("template" if self.rewrites_history else "append") if history == "auto" else history
+
+    def _wrapper_after(self, action: str) -> str | None:
+        """What the template writes between the assistant message `action` and the next tool message's
+        content (None if it dropped either)."""
+        msgs = [{"role": "user", "content": "U"}, {"role": "assistant", "content": action},
+                {"role": "tool", "content": self._O}]
+        text = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        if action not in text or self._O not in text:
+            return None
+        return text[text.index(action) + len(action) :].partition(self._O)[0]
 
     def _renders_tools(self) -> bool:
         """Does the template put ``tools=`` into the prompt? Rendered with a probe tool, not guessed."""
