@@ -9,6 +9,12 @@ held-out pass rate with the seeds' spread.
 
     nice -n 10 python benchmarks/engine_mismatch.py           # 7 arms x 3 seeds, 10 updates
     nice -n 10 python benchmarks/engine_mismatch.py --quick   # 7 arms x 1 seed, 3 updates, 32 held-out episodes
+    # one process per seed, then joined:
+    python benchmarks/engine_mismatch.py --seeds 1 --threads 1 --out /tmp/s1.json &   # ... and so on
+    python benchmarks/engine_mismatch.py --merge /tmp/s0.json /tmp/s1.json /tmp/s2.json
+
+A bf16 engine on a CPU without native bf16 matrix units is several times slower than fp32 (the tiny
+policy's run here: ~5x); it exists to show the gap, not for speed.
 
 Last line: one JSON object; `ratio` = the bf16 engine's mean k3 KL / the fp32 engine's (how many times the gap
 grows; null when fp32 measures exactly 0). Also benchmarks/results/engine_mismatch.json.
@@ -67,8 +73,16 @@ def main() -> None:
     p.add_argument("--warm-seed", type=int, default=1, help="the SFT seed of the one warm start all arms share")
     p.add_argument("--start", type=Path, default=None, help="a warm-start folder to use instead of building one")
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    p.add_argument("--out", type=Path, default=None, help=f"the JSON (default {RESULTS.name} in results/)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads; several single-threaded processes, one "
+                   "per seed, do more work on 2 cores than one (the tiny model's forwards are too small for two)")
+    p.add_argument("--merge", type=Path, nargs="+", default=None, help="JSONs of earlier runs (e.g. one per seed) "
+                   "to join into one, with no run of its own")
     a = p.parse_args()
-    torch.set_num_threads(2)
+    if a.merge:
+        merge(a)
+        return
+    torch.set_num_threads(a.threads)
     seeds = a.seeds or ([0] if a.quick else [0, 1, 2])
     updates = a.updates or (3 if a.quick else 10)
     episodes = a.eval_episodes or (32 if a.quick else 64)
@@ -89,28 +103,62 @@ def main() -> None:
                 dtype, mismatch = ARMS[arm]
                 r = run(Path(tmp) / f"{arm}-s{seed}", start, seed, dtype, mismatch, updates, episodes, warm[dtype])
                 runs[arm].append(r)
+                write(summarize(runs), runs, a, seeds, updates, episodes, partial=True)
                 print(f"seed {seed}  {arm:<16} kl_k3 {r.get('mismatch_kl_k3', float('nan')):.2e}  ess "
                       f"{r.get('mismatch_ess', float('nan')):.4f}  held-out {r['warm_start_pass_rate']:.3f} -> "
                       f"{r['final_pass_rate']:.3f}  ({r['wall_s']:.0f}s)", flush=True)
+    summary = summarize(runs)
+    for arm, row in summary.items():
+        print(f"{arm:<16} final {row['final_pass_rate']} (mean {row['final_mean']:.3f})  kl_k3 "
+              f"{row.get('mismatch_kl_k3', float('nan')):.2e}")
+    print(json.dumps(write(summary, runs, a, seeds, updates, episodes, partial=False)))
+
+
+def merge(a: argparse.Namespace) -> None:
+    parts = [json.loads(f.read_text()) for f in a.merge]
+    settings = {(d["updates"], d["eval_episodes"], d["warm_start_seed"]) for d in parts}
+    if len(settings) > 1:
+        raise SystemExit(f"--merge: the runs differ in (updates, eval episodes, warm-start seed): {sorted(settings)}")
+    runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}
+    for d in parts:
+        for arm, rs in d["runs"].items():
+            runs[arm] += rs
+    seeds = sorted({r["seed"] for rs in runs.values() for r in rs})
+    a.quick, a.warm_seed = any(d["quick"] for d in parts), parts[0]["warm_start_seed"]
+    figures = write(summarize(runs), runs, a, seeds, parts[0]["updates"], parts[0]["eval_episodes"],
+                    partial=any(d["partial"] for d in parts))
+    figures["merged_from"] = [{"file": f.name, "command": d["command"], "machine": d["machine"]}
+                              for f, d in zip(a.merge, parts, strict=True)]
+    (a.out or RESULTS).write_text(json.dumps(figures, indent=1) + "\n")
+    print(json.dumps(figures))
+
+
+def summarize(runs: dict[str, list[dict]]) -> dict:
     summary = {}
     for arm, rs in runs.items():
+        if not rs:
+            continue
         finals = [r["final_pass_rate"] for r in rs]
         summary[arm] = {"final_pass_rate": finals, "final_mean": round(statistics.mean(finals), 4),
                         "final_spread": spread(finals),
                         **{k: statistics.mean(r[k] for r in rs) for k in rs[0] if k.startswith("mismatch_")}}
-        print(f"{arm:<16} final {finals} (mean {summary[arm]['final_mean']:.3f})  kl_k3 "
-              f"{summary[arm].get('mismatch_kl_k3', float('nan')):.2e}")
+    return summary
+
+
+def write(summary: dict, runs: dict, a, seeds: list[int], updates: int, episodes: int, partial: bool) -> dict:
+    """The JSON, rewritten after every run (`partial` true until the last), so a killed sweep keeps what it ran."""
     fp32 = summary.get("fp32", {}).get("mismatch_kl_k3", 0.0)
     bf16 = summary.get("bf16", {}).get("mismatch_kl_k3", 0.0)
     ratio = round(bf16 / fp32, 1) if fp32 > 0 else None  # None: fp32 measured exactly 0 on every update
-    figures = {"benchmark": "engine_mismatch", "quick": a.quick, "updates": updates, "seeds": seeds,
-               "warm_start_seed": a.warm_seed, "eval_episodes": episodes, "arms": summary, "runs": runs,
-               "machine": machine(),
+    figures = {"benchmark": "engine_mismatch", "quick": a.quick, "partial": partial, "updates": updates,
+               "seeds": seeds, "warm_start_seed": a.warm_seed, "eval_episodes": episodes, "arms": summary,
+               "runs": {arm: rs for arm, rs in runs.items() if rs}, "machine": machine(),
                "command": " ".join(["python", "benchmarks/engine_mismatch.py", *sys.argv[1:]]),
                "ratio": ratio}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(figures, indent=1) + "\n")
-    print(json.dumps(figures))
+    out = a.out or RESULTS
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(figures, indent=1) + "\n")
+    return figures
 
 
 if __name__ == "__main__":
