@@ -134,9 +134,9 @@ def test_an_fp32_engine_measures_no_gap_and_a_bf16_one_does(tmp_path, vault_poli
     for dtype in ("auto", "bf16"):
         Trainer(small_config(tmp_path / dtype, vault_policy_dir, rollout={"dtype": dtype})).train()
     fp32, bf16 = _steps(tmp_path / "auto" / "run"), _steps(tmp_path / "bf16" / "run")
-    # the torch engine's fp32 log-probs are the trainer's up to the last bit of a batched sum (update 1: bit for
-    # bit, from the same weights before anything moved); bf16's are 1e-4 away, four orders more
-    assert fp32[0]["mismatch/logp_diff_max"] == 0.0 and fp32[0]["mismatch/ess"] == 1.0
+    # the torch engine's fp32 log-probs are the trainer's up to the rounding of a differently batched sum (bit for
+    # bit on some CPUs, 5e-7 on others: the CI machine's); bf16's are 1e-4 away, orders more
+    assert fp32[0]["mismatch/ess"] > 1 - 1e-9
     assert all(r["mismatch/logp_diff_max"] < 1e-5 and r["mismatch/kl_k3"] < 1e-10 for r in fp32)
     assert all(r["mismatch/logp_diff_mean"] > 1e-5 and r["mismatch/chi2"] > 1e-10 for r in bf16)
     assert all(r["health/engine_mismatch"] == 0.0 for r in fp32 + bf16)  # a micro model's bf16 gap is small
