@@ -25,12 +25,9 @@ from typing import Any
 
 import yaml
 
-from agentrl.health import ALARMS, HealthConfig, alarm_spans, replay, series
+from agentrl.health import ALARMS, ENTROPY_COLLAPSE, KL_DRIFT, HealthConfig, alarm_spans, replay, series
 
 Row = dict[str, Any]
-ALARM_COLOURS = {"ENTROPY COLLAPSE": "#d62728", "STALLED": "#7f7f7f", "KL DRIFT": "#9467bd",
-                 "VERIFIER OVERFIT": "#ff7f0e",
-                 "TRUNCATION BLOW-UP": "#8c564b", "ENGINE MISMATCH": "#17becf", "NON-FINITE": "#000000"}
 # (file name, title, [(metric, label)], y label)
 PLOTS = [
     ("pass_rate", "Pass rate: train vs held-out",
@@ -89,6 +86,12 @@ def _health_config(run: Path) -> HealthConfig:
     return HealthConfig()
 
 
+def _colour(alarm: str) -> str:
+    """The colour an alarm's spans are shaded with: its spec's (`AlarmSpec.colour`); grey for a name no longer
+    registered (an old run's)."""
+    return ALARMS[alarm].colour if alarm in ALARMS else "#bbbbbb"
+
+
 def plot(rows: Sequence[Row], name: str, title: str, lines: Sequence[tuple[str, str]], ylabel: str,
          spans: dict[str, list[tuple[float, float]]], folder: Path, hc: HealthConfig) -> Path | None:
     """One PNG: the metrics of `lines` over steps, alarm spans shaded. None if no metric is logged."""
@@ -112,8 +115,7 @@ def plot(rows: Sequence[Row], name: str, title: str, lines: Sequence[tuple[str, 
         for a, b in runs:
             # shade the interval since the row before: an alarm at a row covers the updates that led to it
             left = max((s for s in steps if s < a), default=a - 0.5)
-            ax.axvspan(left, b if b > left + 0.5 else b + 0.5, color=ALARM_COLOURS.get(name_, "#bbbbbb"), alpha=0.18,
-                       lw=0)
+            ax.axvspan(left, b if b > left + 0.5 else b + 0.5, color=_colour(name_), alpha=0.18, lw=0)
     for key, label in lines:
         pts = data[key]
         if pts:
@@ -121,13 +123,13 @@ def plot(rows: Sequence[Row], name: str, title: str, lines: Sequence[tuple[str, 
             style = dict(marker="o", ms=4) if key == "eval/pass_rate" else dict(lw=1.4)
             ax.plot(xs, ys, label=label, **style)
     if name == "kl":
-        ax.axhline(hc.kl_warn, color="#9467bd", ls="--", lw=0.8, label=f"warn {hc.kl_warn}")
+        ax.axhline(hc.kl_warn, color=_colour(KL_DRIFT), ls="--", lw=0.8, label=f"warn {hc.kl_warn}")
     if name == "entropy":
         floor = replay(rows, hc)[-1].entropy_floor if rows else None
         if floor:
-            ax.axhline(floor, color="#d62728", ls="--", lw=0.8, label=f"collapse floor {floor:.3f}")
+            ax.axhline(floor, color=_colour(ENTROPY_COLLAPSE), ls="--", lw=0.8, label=f"collapse floor {floor:.3f}")
     for name_ in spans:  # a legend entry per alarm shown
-        ax.fill_between([], [], color=ALARM_COLOURS.get(name_, "#bbbbbb"), alpha=0.3, label=name_)
+        ax.fill_between([], [], color=_colour(name_), alpha=0.3, label=name_)
     scale = LOG_SCALE.get(name)
     values = [v for pts in data.values() for _, v in pts]
     if scale == "log" and values and min(values) > 0:

@@ -45,12 +45,12 @@ from agentrl.algorithms import get_spec
 from agentrl.checkpoint import CheckpointError, clear_run, latest, rng_state, set_rng_state
 from agentrl.checkpoint import read as read_checkpoint
 from agentrl.checkpoint import write as write_checkpoint
-from agentrl.config import SamplingConfig, TrainConfig
+from agentrl.config import LossConfig, SamplingConfig, TrainConfig
 from agentrl.core import Episode
 from agentrl.credit import Credit, assigner_state, load_assigner_state, set_options
 from agentrl.distributed import Ranks
 from agentrl.engines import get_engine_spec
-from agentrl.health import Action, Knobs, check, plan
+from agentrl.health import Action, Knobs, check, plan, stops, warm_start_advice
 from agentrl.loss import policy_loss
 from agentrl.mismatch import capped_ratio, correction, loss_terms
 from agentrl.mismatch import stats as mismatch_stats
@@ -250,7 +250,8 @@ class Trainer:
         removes a previous run's files from `cfg.out`. A folder that holds a run is refused otherwise."""
         from accelerate import Accelerator
 
-        cfg = cfg.model_copy(deep=True)  # interventions turn knobs on this copy, never on the caller's config
+        # the run's own copy, read and never written: the knobs interventions turn live in self.knobs
+        cfg = cfg.model_copy(deep=True)
         self.cfg = cfg
         self.decisions = dict(decisions or {})
         device = resolve_device(cfg.device)
@@ -320,7 +321,8 @@ class Trainer:
             self.actor = copy.deepcopy(self.accelerator.unwrap_model(self.model)).eval().requires_grad_(False)
         generator = self.policy if self.actor is None else Policy(self.actor, self.policy.tokenizer,
                                                                         self.policy.chat.tool_format)
-        self.engine = make_engine(cfg, generator, cfg.rollout.sampling, seed=cfg.seed,
+        # sampling settings of its own: a turned temperature reaches it as a new copy (Trainer._hand_out)
+        self.engine = make_engine(cfg, generator, cfg.rollout.sampling.model_copy(), seed=cfg.seed,
                                   capture_hidden=self.spec.reads_hidden(cfg.credit))
         self.rollout_starts: dict[int, dict[str, Any]] = {}  # update -> the stream's state when its rollout began
         self.workers = make_pool(cfg.rollout.env_workers, cfg.rollout.tool_timeout, cfg.rollout.tool_timeouts)
@@ -335,7 +337,12 @@ class Trainer:
         # held-out evaluation samples at its own fixed temperature, whatever the run samples at or an
         # intervention chose, so that evaluations of different runs compare
         self.eval_sampling = eval_sampling(cfg)
-        self.base_temperature = cfg.rollout.sampling.temperature  # what a temperature intervention returns to
+        # what interventions may turn, in one object: the loss, the engine, the assigner and the envs get its values
+        self.knobs = Knobs(entropy_coef=cfg.loss.entropy_coef, kl_coef=cfg.loss.kl_coef,
+                           temperature=cfg.rollout.sampling.temperature,
+                           base_temperature=cfg.rollout.sampling.temperature,
+                           dynamic_sampling=cfg.credit.dynamic_sampling if self.spec.resampling else None,
+                           verifier_tests=getattr(self.envs[0], "hidden_per_episode", None))
         self.history: list[dict[str, Any]] = []  # every logged row: what the alarms read
         self.last_acted: dict[str, float] = {}  # intervention -> step it last acted (cooldowns)
         # where the loop stands: the last update done, the held-out evaluations the summary reads, why it stopped
@@ -395,14 +402,11 @@ class Trainer:
         # thread has drawn past it, and a resumed run rolls that update out again
         stream = self.rollout_starts.get(self.done + 1) or self._stream_state()
         engine = stream["engine"]
-        k = self.knobs()
         state = {
             "update": self.done, "next_group": stream["next_group"], "task_rng": stream["task_rng"],
             "rng": rng_json, "history": self.history, "last_acted": self.last_acted,
             # the knobs interventions may have turned (the rest of the config is the run's config.yaml)
-            "knobs": {"entropy_coef": k.entropy_coef, "kl_coef": k.kl_coef, "temperature": k.temperature,
-                      "dynamic_sampling": getattr(self.cfg.credit, "dynamic_sampling", None),
-                      "verifier_tests": k.verifier_tests},
+            "knobs": self.knobs.state(),
             "critic_only_updates": self.critic_only_updates, "said_policy_moves": self._said_policy_moves,
             "warm": None if self.warm is None else asdict(self.warm),
             "last_eval": None if self.last_eval is None else asdict(self.last_eval),
@@ -446,15 +450,9 @@ class Trainer:
         self.task_rng.bit_generator.state = state["task_rng"]
         self.next_group, self.done = int(state["next_group"]), int(state["update"])
         self.history, self.last_acted = state["history"], state["last_acted"]
-        knobs = state["knobs"]
-        self.cfg.loss.entropy_coef, self.cfg.loss.kl_coef = knobs["entropy_coef"], knobs["kl_coef"]
-        self.cfg.rollout.sampling.temperature = knobs["temperature"]  # in place: the engine holds this object
-        if knobs["dynamic_sampling"] is not None:
-            self.cfg.credit = self.cfg.credit.model_copy(update={"dynamic_sampling": knobs["dynamic_sampling"]})
-            set_options(self.assigner, self.cfg.credit)
-        if knobs["verifier_tests"] is not None:
-            for env in self.envs:
-                env.hidden_per_episode = int(knobs["verifier_tests"])
+        self.knobs.load(state["knobs"])
+        for reader in ("sampling", "credit", "env"):  # the loss reads them at every update
+            self._hand_out(reader)
         self.critic_only_updates, self._said_policy_moves = state["critic_only_updates"], state["said_policy_moves"]
         self.warm = None if state["warm"] is None else EvalResult(**state["warm"])
         self.last_eval = None if state["last_eval"] is None else EvalResult(**state["last_eval"])
@@ -494,41 +492,30 @@ class Trainer:
         """The held-out evaluation, split over the ranks."""
         return evaluate(self.cfg, self.policy, self.eval_sampling, self.max_context, self.ranks)
 
-    # -- health: knobs the interventions may turn, and applying their actions ----------------------
+    # -- health: the knobs interventions turn, and the parts that read them -------------------------
 
-    def knobs(self) -> Knobs:
-        cfg = self.cfg
-        return Knobs(entropy_coef=cfg.loss.entropy_coef, kl_coef=cfg.loss.kl_coef,
-                     temperature=cfg.rollout.sampling.temperature,
-                     base_temperature=self.base_temperature,
-                     dynamic_sampling=cfg.credit.dynamic_sampling if self.spec.resampling else None,
-                     verifier_tests=getattr(self.envs[0], "hidden_per_episode", None))
+    def loss_config(self) -> LossConfig:
+        """The loss's settings for the next update: the run's, with the knobs' coefficients."""
+        return self.cfg.loss.model_copy(update=self.knobs.reads("loss"))
 
     def apply(self, action: Action) -> None:
-        """Turn one knob. Each is one the loss, the sampler, the assigner's config or the env owns."""
-        cfg = self.cfg
-        if action.knob == "entropy_coef":
-            cfg.loss.entropy_coef = float(action.new)
-        elif action.knob == "kl_coef":
-            cfg.loss.kl_coef = float(action.new)
-        elif action.knob == "temperature":
-            cfg.rollout.sampling.temperature = float(action.new)  # the engine samples with this same object
-        elif action.knob == "dynamic_sampling":
-            cfg.credit = cfg.credit.model_copy(update={"dynamic_sampling": action.new})
-            set_options(self.assigner, cfg.credit)  # the assigner reads its options from here on
-        elif action.knob == "verifier_tests":
-            for env in self.envs:  # verifier rotation: each episode draws this many hidden tests from the pool
-                env.hidden_per_episode = int(action.new)
-        else:
-            raise ValueError(f"intervention {action.intervention!r} names an unknown knob {action.knob!r}")
+        """Turn one knob (`self.knobs`) and hand its new value to the part that reads it."""
+        self._hand_out(self.knobs.turn(action))
         self.last_acted[action.intervention] = float(self.history[-1]["step"]) if self.history else 0.0
 
-    def knob_metrics(self) -> dict[str, float]:
-        k = self.knobs()
-        out = {"train/entropy_coef": k.entropy_coef, "train/kl_coef": k.kl_coef, "rollout/temperature": k.temperature}
-        if k.verifier_tests is not None:
-            out["rollout/verifier_tests"] = float(k.verifier_tests)
-        return out
+    def _hand_out(self, reader: str) -> None:
+        """Give `reader` the knobs it reads. The loss reads them at every update (`loss_config`); the engine gets a
+        new sampling config, read at its next generate (one it holds is never changed in place: `Engine` in
+        agentrl.engines.base), the assigner its options through `set_options`, each env its attribute."""
+        knobs = self.knobs.reads(reader)
+        if reader == "sampling":
+            self.engine.sampling = self.cfg.rollout.sampling.model_copy(update=knobs)
+        elif reader == "credit" and knobs:
+            set_options(self.assigner, self.cfg.credit.model_copy(update=knobs))
+        elif reader == "env":
+            for env in self.envs:
+                for name, value in knobs.items():
+                    setattr(env, name, value)
 
     # -- one update, in order ---------------------------------------------------------------------
 
@@ -560,7 +547,7 @@ class Trainer:
         kept: list[Episode] = []
         t0 = time.perf_counter()
         all_eps: list[Episode] = []
-        resample = self.spec.resampling and cfg.credit.dynamic_sampling == "resample"
+        resample = self.knobs.dynamic_sampling == "resample"  # None: the assigner has no dynamic sampling
         extra = cfg.credit.max_resample_batches if resample else 0
         lo, hi = self.ranks.block(cfg.rollout.groups)
         self.owner = {}
@@ -607,6 +594,7 @@ class Trainer:
         share of the whole minibatch), and DDP averages the ranks' gradients on the last micro-batch; so
         the step is the one-process step (the loss is scaled by the number of ranks to undo DDP's mean)."""
         cfg, ranks = self.cfg, self.ranks
+        loss_cfg = self.loss_config()  # the knobs' coefficients
         rows = (credit.row_weight > 0).nonzero(as_tuple=True)[0]
         if len(rows) == 0 or float(credit.advantages.abs().sum()) == 0.0:
             return {"train/skipped": 1.0, "train/trained_episodes": 0.0}
@@ -627,7 +615,7 @@ class Trainer:
             for chunk in torch.chunk(perm, min(cfg.optim.minibatches, batch.size)):
                 mb = batch.select(chunk)
                 own = mb.select(mine[chunk].nonzero(as_tuple=True)[0])
-                _, _, mb_mask = loss_terms(mb.behaviour_logp, mb.sampler_logp, mb.prox_logp, mb.action_mask, cfg.loss)
+                _, _, mb_mask = loss_terms(mb.behaviour_logp, mb.sampler_logp, mb.prox_logp, mb.action_mask, loss_cfg)
                 if probe is not None and steps == 0:
                     probe = torch.zeros(mb.input_ids.shape)  # (b, T): the first minibatch's log-probs
                 self.optimizer.zero_grad(set_to_none=True)
@@ -645,21 +633,21 @@ class Trainer:
                     with sync:
                         with self.accelerator.autocast():  # bf16 on CUDA
                             ts = token_stats(self.model, m.input_ids, m.attention_mask,
-                                             cfg.rollout.sampling.temperature or 1.0, entropy=True, only=m.action_mask)
+                                             self.knobs.temperature or 1.0, entropy=True, only=m.action_mask)
                         if probe is not None and steps == 0 and idx is not None:
                             probe[idx, : ts.logp.shape[1]] = ts.logp.detach().float().cpu()
                         # the ratio's baseline and weight: mu; decoupled PPO's pi_prox and min(pi_prox / mu, C);
                         # a mismatch correction's pi_old and its weight (agentrl.mismatch.loss_terms)
                         against, weight, mask = loss_terms(m.behaviour_logp, m.sampler_logp, m.prox_logp,
-                                                           m.action_mask, cfg.loss)
-                        loss, s = policy_loss(ts.logp, against, m.advantages, mask, cfg.loss,
+                                                           m.action_mask, loss_cfg)
+                        loss, s = policy_loss(ts.logp, against, m.advantages, mask, loss_cfg,
                                               ref_logp=m.ref_logp, entropy=ts.entropy, turn_index=m.turn_index,
                                               is_weight=weight)
                         if idx is None or not torch.isfinite(loss):
                             finite = finite and idx is None
                             self.accelerator.backward(ts.logp.sum() * 0.0)  # the all-reduce, without a gradient
                             continue
-                        share = _share(mask, mb_mask, cfg.loss.agg)
+                        share = _share(mask, mb_mask, loss_cfg.agg)
                         self.accelerator.backward(loss * (share * ranks.world))
                     for k, v in s.items():
                         stats[k] = stats.get(k, 0.0) + share * v
@@ -677,7 +665,7 @@ class Trainer:
                     nonfinite += 1.0
                 self.optimizer.zero_grad(set_to_none=True)
                 if probe is not None and steps == 0:
-                    measured = mismatch_stats(probe - mb.behaviour_logp, mb.action_mask, cfg.loss.mismatch_cap)
+                    measured = mismatch_stats(probe - mb.behaviour_logp, mb.action_mask, loss_cfg.mismatch_cap)
                 steps += 1
         self.model.eval()
         secs = time.perf_counter() - t0
@@ -787,7 +775,7 @@ class Trainer:
         rows = torch.arange(batch.size) if owner is None else (owner == self.ranks.rank).nonzero(as_tuple=True)[0]
         own = segment_batch(batch.select(rows))  # rows are segments where a template rewrote the history
         scored = out if own.seg_row is None else torch.zeros(own.input_ids.shape, dtype=torch.float32)
-        temp = self.cfg.rollout.sampling.temperature or 1.0
+        temp = self.knobs.temperature or 1.0
         parts: list[torch.Tensor | None] = own.micro_batches(self.cfg.optim.micro_batch_tokens) if own.size else []
         if owner is not None and shards_weights(model):  # every forward gathers weights: as many on every rank
             parts += [None] * (max(self.ranks.gather(len(parts))) - len(parts))
@@ -813,14 +801,14 @@ class Trainer:
         hc = self.cfg.health
         health = check(self.history + [row], hc)
         row.update(health.metrics())
-        actions = plan(self.history + [row], health, self.knobs(), hc, self.last_acted)
+        actions = plan(self.history + [row], health, self.knobs, hc, self.last_acted)
         self.history.append(row)
         if actions:
             row["health/actions"] = [str(a) for a in actions]
             for a in actions:
                 self.apply(a)
         self.monitor.log(row)
-        fatal = [a for a in health.alarms if a.name == "NON-FINITE" or hc.on_alarm == "stop"]
+        fatal = stops(health, hc)
         return f"step {row['step']}: {fatal[0].name}: {fatal[0].reason}" if fatal else None
 
     critic_only_updates: int = 0  # updates whose credit trained only the assigner's critic (summary.json)
@@ -848,8 +836,6 @@ class Trainer:
 
     def _check_warm_start(self) -> None:
         """Warn before RL when the warm start is at the floor, at the ceiling, or far below its expert."""
-        from agentrl.stages.sft import warm_start_advice
-
         sft_record = (self.decisions.get("warm_start") or {}).get("sft") or {}
         advice = warm_start_advice(self.warm.pass_rate, self.warm.episodes, sft_record.get("demo_pass_rate"),
                                    tuple(self.cfg.sft.useful_band), self.cfg.rollout.group_size)
@@ -947,7 +933,7 @@ class Trainer:
             if metrics.get("credit/groups"):
                 metrics["credit/all_pass_frac"] = metrics.get("credit/all_pass_groups", 0.0) / metrics["credit/groups"]
                 metrics["credit/all_fail_frac"] = metrics.get("credit/all_fail_groups", 0.0) / metrics["credit/groups"]
-            metrics.update(self.knob_metrics())  # the knobs this update ran with
+            metrics.update(self.knobs.metrics())  # the knobs this update ran with
             metrics.update(self.optimize(batch, credit, owner))
             self._say_critic_only(update, metrics)
             if ahead is not None:  # the rollout thread refreshes its actor from this copy before its next rollout

@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from pydantic import BaseModel
 
 from agentrl.health import (
     ENTROPY_COLLAPSE,
+    INTERVENTIONS,
     STALLED,
     VERIFIER_OVERFIT,
+    Action,
     AdaptiveEntropy,
     AdaptiveKL,
     Alarm,
@@ -17,8 +20,10 @@ from agentrl.health import (
     EntropyBonus,
     Health,
     HealthConfig,
+    InterventionSpec,
     Knobs,
     RaiseTemperature,
+    Situation,
     VerifierRotation,
     adaptive_entropy,
     adaptive_kl,
@@ -26,6 +31,7 @@ from agentrl.health import (
     entropy_bonus,
     plan,
     raise_temperature,
+    register_intervention,
     verifier_rotation,
 )
 
@@ -44,66 +50,71 @@ def entropy_rows(*values: float) -> list[dict]:
     return [{"step": i + 1, "train/entropy": v} for i, v in enumerate(values)]
 
 
+def seen(h: Health | None = None, rows: list[dict] = (), **kw) -> Situation:
+    """What an intervention reads: `rows` of history, the alarm states `h`, the knobs `knobs(**kw)`."""
+    return Situation(list(rows), h or health(), knobs(**kw))
+
+
 def test_entropy_bonus_switches_on_at_collapse_only():
-    a = entropy_bonus(health(ENTROPY_COLLAPSE), knobs(), EntropyBonus())
+    a = entropy_bonus(seen(health(ENTROPY_COLLAPSE)), EntropyBonus())
     assert (a.knob, a.old, a.new) == ("entropy_coef", 0.0, 0.01)
-    assert entropy_bonus(health(), knobs(), EntropyBonus()) is None
-    assert entropy_bonus(health(STALLED), knobs(), EntropyBonus()) is None
+    assert entropy_bonus(seen(health()), EntropyBonus()) is None
+    assert entropy_bonus(seen(health(STALLED)), EntropyBonus()) is None
     # already at least that
-    assert entropy_bonus(health(ENTROPY_COLLAPSE), knobs(entropy_coef=0.02), EntropyBonus()) is None
+    assert entropy_bonus(seen(health(ENTROPY_COLLAPSE), entropy_coef=0.02), EntropyBonus()) is None
 
 
 def test_adaptive_entropy_steps_toward_the_target_and_rests_inside_the_band():
     c = AdaptiveEntropy(enabled=True, target=0.5)
-    assert adaptive_entropy(entropy_rows(0.3), knobs(), c, 5).new == 0.005  # below: +0.005
-    assert adaptive_entropy(entropy_rows(0.3), knobs(entropy_coef=0.01), c, 5).new == 0.015
-    assert adaptive_entropy(entropy_rows(0.9), knobs(entropy_coef=0.01), c, 5).new == 0.005  # above: -0.005
-    assert adaptive_entropy(entropy_rows(0.9), knobs(), c, 5) is None  # above, nothing to take back
-    assert adaptive_entropy(entropy_rows(0.52), knobs(entropy_coef=0.01), c, 5) is None  # inside +/-10%
-    assert adaptive_entropy(entropy_rows(0.3), knobs(entropy_coef=0.05), c, 5) is None  # at the cap
+    assert adaptive_entropy(seen(rows=entropy_rows(0.3)), c).new == 0.005  # below: +0.005
+    assert adaptive_entropy(seen(rows=entropy_rows(0.3), entropy_coef=0.01), c).new == 0.015
+    assert adaptive_entropy(seen(rows=entropy_rows(0.9), entropy_coef=0.01), c).new == 0.005  # above: -0.005
+    assert adaptive_entropy(seen(rows=entropy_rows(0.9)), c) is None  # above, nothing to take back
+    assert adaptive_entropy(seen(rows=entropy_rows(0.52), entropy_coef=0.01), c) is None  # inside +/-10%
+    assert adaptive_entropy(seen(rows=entropy_rows(0.3), entropy_coef=0.05), c) is None  # at the cap
     # default target: half the early-run entropy (first 5 updates: mean 1.0 -> target 0.5)
-    assert adaptive_entropy(entropy_rows(1, 1, 1, 1, 1, 1, 0.4), knobs(), AdaptiveEntropy(enabled=True), 5).new == 0.005
+    assert adaptive_entropy(seen(rows=entropy_rows(1, 1, 1, 1, 1, 1, 0.4)), AdaptiveEntropy(enabled=True)).new == 0.005
 
 
 def test_temperature_rises_below_the_floor_and_returns_once_entropy_recovers():
     c = RaiseTemperature()
-    assert raise_temperature(entropy_rows(0.2), health(floor=0.3), knobs(), c).new == 1.1
-    assert raise_temperature(entropy_rows(0.35), health(floor=0.3), knobs(), c) is None  # above floor, at base
+    assert raise_temperature(seen(health(floor=0.3), entropy_rows(0.2)), c).new == 1.1
+    assert raise_temperature(seen(health(floor=0.3), entropy_rows(0.35)), c) is None  # above floor, at base
     # in the hysteresis band
-    assert raise_temperature(entropy_rows(0.35), health(floor=0.3), knobs(temperature=1.2), c) is None
+    assert raise_temperature(seen(health(floor=0.3), entropy_rows(0.35), temperature=1.2), c) is None
     # recovered: back down
-    assert raise_temperature(entropy_rows(0.5), health(floor=0.3), knobs(temperature=1.2), c).new == 1.1
-    assert raise_temperature(entropy_rows(0.2), health(floor=0.3), knobs(temperature=1.5), c) is None  # at the cap
-    assert raise_temperature(entropy_rows(0.2), health(floor=None), knobs(), c) is None  # no floor known yet
+    assert raise_temperature(seen(health(floor=0.3), entropy_rows(0.5), temperature=1.2), c).new == 1.1
+    assert raise_temperature(seen(health(floor=0.3), entropy_rows(0.2), temperature=1.5), c) is None  # at the cap
+    assert raise_temperature(seen(health(floor=None), entropy_rows(0.2)), c) is None  # no floor known yet
 
 
 def test_adaptive_kl_is_proportional_clipped_and_still_at_the_target():
     c = AdaptiveKL(enabled=True, target=0.05)
     kl = lambda v: [{"step": 1, "train/kl": v}]  # noqa: E731
-    assert adaptive_kl(kl(0.05), knobs(kl_coef=0.01), c) is None
-    assert adaptive_kl(kl(0.055), knobs(kl_coef=0.01), c).new == pytest.approx(0.011)
-    assert adaptive_kl(kl(1.0), knobs(kl_coef=0.01), c).new == pytest.approx(0.012)  # clipped at +20%
-    assert adaptive_kl(kl(0.0), knobs(kl_coef=0.01), c).new == pytest.approx(0.008)  # clipped at -20%
-    assert adaptive_kl(kl(0.1), knobs(), c).new == pytest.approx(0.0012)  # starts from init_coef
-    assert adaptive_kl(kl(0.01), knobs(), c) is None  # below target with no KL term
+    assert adaptive_kl(seen(rows=kl(0.05), kl_coef=0.01), c) is None
+    assert adaptive_kl(seen(rows=kl(0.055), kl_coef=0.01), c).new == pytest.approx(0.011)
+    assert adaptive_kl(seen(rows=kl(1.0), kl_coef=0.01), c).new == pytest.approx(0.012)  # clipped at +20%
+    assert adaptive_kl(seen(rows=kl(0.0), kl_coef=0.01), c).new == pytest.approx(0.008)  # clipped at -20%
+    assert adaptive_kl(seen(rows=kl(0.1)), c).new == pytest.approx(0.0012)  # starts from init_coef
+    assert adaptive_kl(seen(rows=kl(0.01)), c) is None  # below target with no KL term
 
 
 def test_dynamic_sampling_on_zero_advantage_stalls_only():
     zero = health(STALLED, reason="90% of groups carry zero advantage (>= 75%)")
-    assert dynamic_sampling(zero, knobs(), DynamicSampling()).new == "resample"
-    assert dynamic_sampling(health(STALLED, reason="pass rate 0.55 gained +0.00 over 24 steps"), knobs(),
+    assert dynamic_sampling(seen(zero), DynamicSampling()).new == "resample"
+    assert dynamic_sampling(seen(health(STALLED, reason="pass rate 0.55 gained +0.00 over 24 steps")),
                             DynamicSampling()) is None
-    assert dynamic_sampling(zero, knobs(dynamic_sampling="resample"), DynamicSampling()) is None
+    assert dynamic_sampling(seen(zero, dynamic_sampling="resample"), DynamicSampling()) is None
     # the assigner has no such option
-    assert dynamic_sampling(zero, knobs(dynamic_sampling=None), DynamicSampling()) is None
+    assert dynamic_sampling(seen(zero, dynamic_sampling=None), DynamicSampling()) is None
 
 
 def test_verifier_rotation_on_overfit_when_the_env_rotates():
-    a = verifier_rotation(health(VERIFIER_OVERFIT), knobs(), VerifierRotation())
+    a = verifier_rotation(seen(health(VERIFIER_OVERFIT)), VerifierRotation())
     assert (a.knob, a.old, a.new) == ("verifier_tests", 3, 5)
-    assert verifier_rotation(health(), knobs(), VerifierRotation()) is None
-    assert verifier_rotation(health(VERIFIER_OVERFIT), knobs(verifier_tests=None), VerifierRotation()) is None
-    assert verifier_rotation(health(VERIFIER_OVERFIT), knobs(verifier_tests=12), VerifierRotation()) is None
+    assert verifier_rotation(seen(health()), VerifierRotation()) is None
+    assert verifier_rotation(seen(health(VERIFIER_OVERFIT), verifier_tests=None), VerifierRotation()) is None
+    assert verifier_rotation(seen(health(VERIFIER_OVERFIT), verifier_tests=12), VerifierRotation()) is None
 
 
 def test_code_env_draws_more_hidden_tests_when_rotation_turns_its_knob():
@@ -169,3 +180,69 @@ def test_on_alarm_stop_ends_the_run_at_the_first_alarm(tmp_path, vault_policy_di
             and summary["stopped"].startswith("step 1: TRUNCATION BLOW-UP: 100% of episodes"))
     assert [r["step"] for r in rows if r.get("final")] == [1]
     assert rows[1]["health/truncation"] == 1.0 and rows[1]["health/level"] == "alarm"
+
+
+class On(BaseModel):
+    enabled: bool = True
+
+
+@pytest.fixture
+def test_controllers():
+    """Two controllers that act at every update (one sampling knob, one assigner option), registered the one way
+    there is and removed after the test."""
+    def hotter(s: Situation, c: On) -> Action:
+        return Action("hotter", "temperature", s.knobs.temperature, round(s.knobs.temperature + 0.1, 4), "a test")
+
+    def resample(s: Situation, c: On) -> Action | None:
+        k = s.knobs.dynamic_sampling
+        return Action("resample", "dynamic_sampling", k, "resample", "a test") if k != "resample" else None
+
+    specs = [register_intervention(InterventionSpec(name, act, "controller", cooldown=False, settings=On()))
+             for name, act in (("hotter", hotter), ("resample", resample))]
+    yield specs
+    for spec in specs:
+        del INTERVENTIONS[spec.name]
+
+
+def test_interventions_turn_the_trainers_knobs_never_its_config_and_a_checkpoint_keeps_them(
+        tmp_path, vault_policy_dir, test_controllers):
+    from test_e2e import small_config
+
+    from agentrl.checkpoint import latest, read
+    from agentrl.trainer import CHECKPOINTS, Trainer
+
+    hc = {"interventions": {"adaptive_entropy": {"enabled": True, "target": 100.0},  # entropy is always below
+                            "adaptive_kl": {"enabled": True, "target": 1e-6}}}  # KL is always above (0 at update 1)
+    cfg = small_config(tmp_path, vault_policy_dir, health=hc, updates=3)
+    trainer = Trainer(cfg)
+    config = trainer.cfg.model_dump()
+    trainer.train()
+    assert trainer.cfg.model_dump() == config  # read, never written
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    updates = [r for r in rows if r["step"] >= 1 and not r.get("final")]
+    assert [r["rollout/temperature"] for r in updates] == [1.0, 1.1, 1.2]  # what each update ran with
+    assert [r["train/entropy_coef"] for r in updates] == [0.01, 0.015, 0.02]
+    k = trainer.knobs
+    assert (k.temperature, k.entropy_coef, k.dynamic_sampling) == (1.3, 0.025, "resample")
+    assert k.kl_coef != 0.01 and k.base_temperature == 1.0
+    # each part that reads a knob got it: the engine a copy of its own, the assigner its options, the loss a copy
+    assert trainer.engine.sampling.temperature == 1.3 and trainer.engine.sampling is not trainer.cfg.rollout.sampling
+    assert trainer.assigner.cfg.dynamic_sampling == "resample"
+    assert (trainer.loss_config().entropy_coef, trainer.loss_config().kl_coef) == (k.entropy_coef, k.kl_coef)
+
+    folder, _ = latest(tmp_path / "run" / CHECKPOINTS)
+    assert read(folder, "state.json")["knobs"] == k.state()
+    resumed = Trainer(cfg, resume=True)  # the run is done: loading its last checkpoint is all this does
+    assert resumed.knobs == k and resumed.cfg.model_dump() == config
+    assert resumed.engine.sampling.temperature == 1.3 and resumed.assigner.cfg.dynamic_sampling == "resample"
+
+
+def test_knobs_load_a_checkpoint_written_before_they_were_one_object():
+    old = {"entropy_coef": 0.02, "kl_coef": 0.012, "temperature": 1.1, "dynamic_sampling": "off",
+           "verifier_tests": None}  # dynamic_sampling was the config's value even where the assigner has none
+    k = knobs(dynamic_sampling=None, verifier_tests=None).load(old)
+    assert (k.entropy_coef, k.kl_coef, k.temperature, k.base_temperature) == (0.02, 0.012, 1.1, 1.0)
+    assert k.dynamic_sampling is None and k.verifier_tests is None  # knobs this run does not have stay off
+    assert knobs().load(old).dynamic_sampling == "off"
+    with pytest.raises(ValueError, match="a knob this run does not have: 'verifier_tests'"):
+        knobs(verifier_tests=None).turn(Action("verifier_rotation", "verifier_tests", None, 5, "VERIFIER OVERFIT"))

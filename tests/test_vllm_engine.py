@@ -142,7 +142,7 @@ def test_sampling_params_follow_the_config_and_seeds_are_per_request(fake_vllm):
     seeds = [p.kw["seed"] for p in eng.request_params(4)]
     assert len(set(seeds)) == 4 and seeds == [p.kw["seed"] for p in engine_on(None, seed=3).request_params(4)]
     assert {p.kw["seed"] for p in engine_on(None).request_params(2)} == {None}
-    eng.sampling.temperature = 0.3  # the trainer turns this knob on the shared config between turns
+    eng.sampling = eng.sampling.model_copy(update={"temperature": 0.3})  # a turned temperature: a new copy
     assert eng.request_params(1)[0].kw["temperature"] == 0.3
 
 

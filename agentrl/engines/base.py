@@ -55,6 +55,11 @@ class Session(Protocol):
 
 
 class Engine(Protocol):
+    """Opens sessions. An engine that samples holds its `SamplingConfig` as `engine.sampling`: the trainer
+    builds it with a copy of its own, and may replace it with a new copy between generate calls (an
+    intervention turned the temperature; the object an engine holds is never changed in place). So read
+    `self.sampling` when generating, not fields copied from it once at construction."""
+
     def open(self, prompts: Sequence[Sequence[int]]) -> Session: ...
 
 
