@@ -148,3 +148,29 @@ def test_an_assigner_without_state_refuses_a_checkpoint_that_holds_some():
         load_assigner_state(bare, {"critic": 1})
     set_options(bare, "new")
     assert bare.cfg == "new"
+
+
+def test_the_docs_alarm_and_intervention_work_as_printed():
+    """docs/extending.md's MALFORMED CALLS alarm and KL brake, as printed there: the alarm fires on its history,
+    and the brake answers KL DRIFT only under intervene, yielding to the adaptive KL controller."""
+    from agentrl.health import ALARMS, INTERVENTIONS, KL_DRIFT, Alarm, Health, HealthConfig, Knobs, check, plan
+
+    (alarm,), (brake,) = docs_blocks("An alarm"), docs_blocks("An intervention")
+    names: dict = {}
+    try:
+        exec(compile(alarm, "docs/extending.md (An alarm)", "exec"), names)
+        exec(compile(brake, "docs/extending.md (An intervention)", "exec"), names)
+        rows = [{"step": t, "rollout/malformed_per_episode": 0.1 if t < 3 else 2.0} for t in range(1, 6)]
+        assert check(rows).names == {"MALFORMED CALLS"} and ALARMS["MALFORMED CALLS"].colour == "#e377c2"
+
+        drift = Health(step=5, alarms=[Alarm(KL_DRIFT, "KL 0.6 per token is above the ceiling 0.5")])
+        knobs = Knobs(0.0, 0.01, 1.0, 1.0, None, None)
+        acted = plan(rows, drift, knobs, HealthConfig(on_alarm="intervene"))
+        assert [(a.intervention, a.knob, a.old, a.new) for a in acted] == [("kl_brake", "kl_coef", 0.01, 0.02)]
+        assert plan(rows, drift, knobs, HealthConfig()) == []  # warn: an alarm's answer waits for intervene
+        assert plan(rows, drift, knobs, HealthConfig(on_alarm="intervene"), last_acted={"kl_brake": 3}) == []
+        controlled = HealthConfig(on_alarm="intervene", interventions={"adaptive_kl": {"enabled": True}})
+        assert [a.intervention for a in plan(rows, drift, knobs, controlled)] == []  # no KL logged: nothing to steer
+    finally:
+        ALARMS.pop("MALFORMED CALLS", None)
+        INTERVENTIONS.pop("kl_brake", None)
