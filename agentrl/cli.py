@@ -349,7 +349,8 @@ def cmd_train(argv: Sequence[str]) -> int:
             raise UsageError(f"--num-processes {flags.num_processes}: rollout.groups is {cfg.rollout.groups}; each "
                              "process rolls out whole groups, so give it at least one group per process")
         return _launch(flags.num_processes, ["train", *_without_flag(argv, "--num-processes")])
-    from agentrl.trainer import ResumeUnsupported, resolve_device, train
+    from agentrl.stages.pipeline import train
+    from agentrl.trainer import ResumeUnsupported, resolve_device
 
     decisions: dict[str, Any] = {}
     if auto and launched():  # the main process probes, and every rank trains what it picked
@@ -438,7 +439,8 @@ def cmd_sft(argv: Sequence[str]) -> int:
 
     from agentrl.policy import Policy
     from agentrl.registry import make
-    from agentrl.stages.sft import collect_demos, progress_lines, sft, tiny_policy_from_conversations, warm_start
+    from agentrl.stages.sft import collect_demos, progress_lines, sft, tiny_policy_from_conversations
+    from agentrl.stages.warm_start import warm_start
     from agentrl.trainer import evaluate
 
     cfg = TrainConfig(env=cmd.env, model=cmd.model, tool_format=cmd.tool_format, sft=cmd.sft, tiny=cmd.tiny,

@@ -477,6 +477,9 @@ class TrainConfig(Strict):
     @model_validator(mode="after")
     def _engine_serves_the_assigner(self) -> TrainConfig:
         engine = get_engine_spec(self.engine)
+        if engine.needs_cuda and self.device in ("cpu", "mps"):
+            raise ValueError(f"engine {self.engine} needs a CUDA GPU, but device is {self.device}: use --engine torch "
+                             "on this device, or --device cuda")
         if get_spec(self.algo).reads_hidden(self.credit) and not engine.returns_hidden:
             raise ValueError(f"engine {self.engine} cannot serve algo {self.algo} with these options: its turn critic "
                              f"or learned PRM reads the policy's hidden states, which {self.engine} does not return; "

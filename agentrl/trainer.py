@@ -243,7 +243,8 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, monitor: Monitor | None = None, start: str | Path | None = None,
                  decisions: dict[str, Any] | None = None, resume: bool = False, overwrite: bool = False):
         """`start` is the policy to begin from when `cfg.model` is None: the tiny policy's warm start,
-        built by stage one (`agentrl.stages.sft.warm_start`) before the loop, as `train()` does.
+        built by stage one (`agentrl.stages.warm_start.warm_start`) before the loop, as
+        `agentrl.stages.pipeline.train` does.
         `decisions` is what was decided before the run (e.g. `--algo auto`'s pick, rule and statistics):
         written into config.yaml's header and summary.json. `resume` continues the run in `cfg.out` from
         its newest checkpoint that verifies (`cfg` must be the run's own config); `overwrite` first
@@ -287,12 +288,13 @@ class Trainer:
 
         source = cfg.model if cfg.model is not None else start
         if source is None:
-            raise ValueError("no policy to train: set model (a folder or hub id), or pass start= the warm start that "
-                             "agentrl.stages.sft.warm_start builds (agentrl.trainer.train(cfg) does both)")
+            raise ValueError("no policy to train: set model (a folder or hub id), or pass start= the warm start "
+                             "that agentrl.stages.warm_start.warm_start builds (agentrl.stages.pipeline.train(cfg) "
+                             "does both)")
         self.policy = Policy.load(source, device=device, tool_format=cfg.tool_format, history=cfg.rollout.history)
         self.warm_start_dir = Path(start) if cfg.model is None else None
-        if self.warm_start_dir is not None:
-            self.decisions["warm_start"] = _warm_start_record(self.warm_start_dir)
+        if self.warm_start_dir is not None:  # `agentrl.stages.pipeline.train` records what it was built from
+            self.decisions.setdefault("warm_start", {"dir": str(self.warm_start_dir)})
         self.max_context = cfg.rollout.max_context or getattr(self.policy.model.config, "max_position_embeddings", 2048)
 
         lora = cfg.optim.lora
@@ -1064,33 +1066,4 @@ def _decisions_header(decisions: dict[str, Any]) -> str:
             f"{auto['reason']}\n# probe statistics: {stats}\n# thresholds: {auto['thresholds']}\n")
 
 
-def _warm_start_record(folder: Path) -> dict[str, Any]:
-    """What the warm start was built from and how (its key's parts and its SFT metrics), for summary.json."""
-    from agentrl.stages.sft import KEY_FILE
-
-    record: dict[str, Any] = {"dir": str(folder)}
-    for name, field in (("warm_start.json", "sft"), (KEY_FILE, "key_parts")):
-        try:
-            record[field] = json.loads((folder / name).read_text())
-        except (OSError, json.JSONDecodeError):
-            record[field] = None
-    return record
-
-
-def train(cfg: TrainConfig, monitor: Monitor | None = None, decisions: dict[str, Any] | None = None,
-          resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
-    """Stage one where it is needed (the tiny policy's SFT warm start, cached), then the RL loop
-    (`resume` / `overwrite`: see `Trainer`)."""
-    start = None
-    if cfg.model is None:
-        from agentrl.stages.sft import warm_start
-
-        say = monitor.say if monitor is not None else None
-        # several processes: the main one builds (or finds) the cached warm start, then the others find it
-        with Ranks(cpu=resolve_device(cfg.device).type == "cpu").main_first():
-            start = warm_start(cfg.env.id, cfg.env.kwargs, cfg.tiny, cfg.sft, cfg.seed,
-                               **({"say": say} if say else {}))
-    return Trainer(cfg, monitor=monitor, start=start, decisions=decisions, resume=resume, overwrite=overwrite).train()
-
-
-__all__ = ["CHECKPOINTS", "EpisodeErrors", "EvalResult", "Trainer", "evaluate", "train"]
+__all__ = ["CHECKPOINTS", "EpisodeErrors", "EvalResult", "Trainer", "evaluate"]

@@ -33,6 +33,8 @@ from agentrl.algorithms.configs import (
     StepPOConfig,
     TurnPPOConfig,
 )
+from agentrl.lookup import lookup
+from agentrl.lookup import register as _register
 
 
 @dataclass(frozen=True)
@@ -76,18 +78,12 @@ ASSIGNERS: dict[str, AssignerSpec] = {}
 
 def register(spec: AssignerSpec, *, replace: bool = False) -> AssignerSpec:
     """Add an assigner to the registry; `agentrl train --algo NAME` and the probe see it from then on."""
-    if spec.name in ASSIGNERS and not replace:
-        raise ValueError(f"an assigner named {spec.name!r} is already registered (pass replace=True to override it)")
-    ASSIGNERS[spec.name] = spec
-    return spec
+    return _register(ASSIGNERS, spec.name, spec, what="assigner", replace=replace)
 
 
 def get_spec(name: str) -> AssignerSpec:
     """The registry entry of `name` (kebab-case on the command line)."""
-    try:
-        return ASSIGNERS[name]
-    except KeyError:
-        raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(sorted(ASSIGNERS))}") from None
+    return lookup(ASSIGNERS, name, what="algorithm")
 
 
 def get_assigner(name: str) -> type:

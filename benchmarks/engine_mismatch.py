@@ -86,7 +86,7 @@ def main() -> None:
     seeds = a.seeds or ([0] if a.quick else [0, 1, 2])
     updates = a.updates or (3 if a.quick else 10)
     episodes = a.eval_episodes or (32 if a.quick else 64)
-    from agentrl.stages.sft import warm_start
+    from agentrl.stages.warm_start import warm_start
 
     base = TrainConfig()
     start = a.start or Path(warm_start(base.env.id, base.env.kwargs, base.tiny, base.sft, a.warm_seed))

@@ -26,7 +26,7 @@ from typing import Any
 from agentrl.config import TrainConfig
 from agentrl.health import ENTROPY_COLLAPSE, early_level, series
 from agentrl.report import read_metrics, write_report
-from agentrl.trainer import train
+from agentrl.stages.pipeline import train
 
 
 def configs(args: argparse.Namespace) -> dict[str, TrainConfig]:

@@ -180,7 +180,7 @@ def main() -> None:
     from agentrl.config import TrainConfig
     from agentrl.monitor import Monitor
     from agentrl.policy import Policy, TinyModelConfig
-    from agentrl.stages.sft import warm_start
+    from agentrl.stages.warm_start import warm_start
     from agentrl.trainer import Trainer, evaluate
 
     out = Path(args.out)

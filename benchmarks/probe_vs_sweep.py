@@ -7,7 +7,7 @@
 
 For each horizon of a sweep (benchmarks/horizon_sweep.py's sweep.json, any of its families), the probe
 rolls out that horizon's warm start (rebuilt, or found in $AGENTRL_CACHE, with exactly the sweep's
-arguments: `horizon_sweep.train_config` and `agentrl.stages.sft.warm_start`) at the sweep's knob and
+arguments: `horizon_sweep.train_config` and `agentrl.stages.warm_start.warm_start`) at the sweep's knob and
 slack, with thresholds derived from the first sweep (`thresholds_from_sweep`) and the sweep's per-run
 budget. The recommendation agrees when it is the sweep's best assigner at that horizon or one whose mean
 final pass rate lies within the seeds' spread of the best (`agentrl.probe.horizon_spread`).
@@ -110,7 +110,7 @@ def probe_sweep(sweep: dict[str, Any], th: Any, groups: int, out: Path, label: s
     from agentrl.horizon_report import write_report
     from agentrl.policy import Policy
     from agentrl.probe import ProbeStats, probe_env, recommend, summarize_sweep
-    from agentrl.stages.sft import warm_start
+    from agentrl.stages.warm_start import warm_start
 
     family = FAMILIES[sweep.get("family", "vault")]
     knob = knob_of(sweep)

@@ -149,7 +149,7 @@ def cached_model(work: Path, args: argparse.Namespace) -> tuple[Path, dict[str, 
     import hashlib
     import shutil
 
-    from agentrl.stages.sft import cache_root
+    from agentrl.stages.warm_start import cache_root
 
     parts = {"model": MODEL.model_dump(), "locks": LOCKS, "demos": args.demos, "epochs": args.sft_epochs,
              "noise": args.sft_noise, "seed": args.seed,

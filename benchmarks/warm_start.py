@@ -9,9 +9,9 @@ with the same fixed small RL budget (grpo):
 
 - `default`: 0.35, the default (Vault's);
 - `old_auto`: the old `--sft.noise auto`, the slip rate at which the *expert* passes 0.5 of 48
-  episodes (`agentrl.stages.sft.calibrate_noise`);
+  episodes (`agentrl.stages.warm_start.calibrate_noise`);
 - `new_auto`: today's `--sft.noise auto`, judged by the *warm start's* own pass rate
-  (`agentrl.stages.sft.choose_noise`: keep 0.35 inside the useful band, cleaner demonstrations below it).
+  (`agentrl.stages.warm_start.choose_noise`: keep 0.35 inside the useful band, cleaner demonstrations below it).
 
 The environments are one of each kind: slips that are fatal (Vault: a wrong code loses), slips that
 can be recovered from (TextArena's Sokoban: a detour costs turns), long episodes (TextWorld), and a
@@ -52,8 +52,8 @@ OLD_AUTO: dict[str, float] = {}  # the old rule's noise depends on the env alone
 def cell(env: str, rule: str, seed: int, args: argparse.Namespace, out: Path, default: dict | None) -> dict:
     from agentrl.config import SFTConfig, TrainConfig
     from agentrl.registry import make
-    from agentrl.stages.sft import calibrate_noise
-    from agentrl.trainer import train
+    from agentrl.stages.pipeline import train
+    from agentrl.stages.warm_start import calibrate_noise
 
     env_id, kwargs, demos, epochs, tiny = ENVS[env]
     demos = max(50, int((args.demos or demos) * args.scale))
@@ -70,12 +70,12 @@ def cell(env: str, rule: str, seed: int, args: argparse.Namespace, out: Path, de
                       tiny=tiny, eval={"episodes": args.eval_episodes, "every": 0},
                       rollout={"groups": args.groups, "group_size": 8},
                       sft={"episodes": demos, "epochs": epochs, "noise": noise,
-                           "calibration_episodes": args.eval_episodes},
+                           "calibration_episodes": args.calibration_episodes},
                       out=str(out / f"{env}-{rule}-seed{seed}"))
     t0 = time.perf_counter()
     lo, hi = SFTConfig().useful_band
     if rule == "new_auto" and default is not None:
-        from agentrl.stages.sft import warm_start
+        from agentrl.stages.warm_start import warm_start
 
         said_auto: list[str] = []
         folder = warm_start(env_id, kwargs, cfg.tiny, cfg.sft, seed, say=said_auto.append)
@@ -113,6 +113,9 @@ def main() -> None:
     ap.add_argument("--updates", type=int, default=None, help="grpo updates after the warm start (default 4; quick 2)")
     ap.add_argument("--groups", type=int, default=4, help="tasks per update, 8 episodes each")
     ap.add_argument("--eval-episodes", type=int, default=None, help="held-out episodes (default 32; quick 24)")
+    ap.add_argument("--calibration-episodes", type=int, default=None,
+                    help="held-out episodes per probed warm start under auto (default: --eval-episodes; the "
+                         "library's default is 64)")
     ap.add_argument("--scale", type=float, default=None, help="demonstrations x this (default 1; quick 0.5)")
     ap.add_argument("--demos", type=int, default=None, help="demonstrations for every env (default: ENVS's)")
     ap.add_argument("--epochs", type=int, default=None, help="SFT epochs for every env (default: ENVS's)")
@@ -127,6 +130,7 @@ def main() -> None:
     args.seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
     args.updates = args.updates if args.updates is not None else (2 if args.quick else 4)
     args.eval_episodes = args.eval_episodes or (24 if args.quick else 32)
+    args.calibration_episodes = args.calibration_episodes or args.eval_episodes
     args.scale = args.scale or (0.5 if args.quick else 1.0)
     os.environ.setdefault("AGENTRL_CACHE", str(Path(args.out) / "cache"))  # warm starts of this run only
 
@@ -136,6 +140,7 @@ def main() -> None:
                      "command": " ".join(["python", "benchmarks/warm_start.py", *sys.argv[1:]]),
                      "started": time.strftime("%Y-%m-%d %H:%M"), "quick": args.quick, "updates": args.updates,
                      "groups": args.groups, "group_size": 8, "eval_episodes": args.eval_episodes,
+                     "calibration_episodes": args.calibration_episodes,
                      "scale": args.scale, "useful_band": list(SFTConfig().useful_band),
                      "envs": {e: {"id": ENVS[e][0], "kwargs": ENVS[e][1], "demonstrations": args.demos or ENVS[e][2],
                                   "epochs": args.epochs or ENVS[e][3],

@@ -21,18 +21,18 @@ What keeps the reward honest:
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
 import gymnasium
 
-from agentrl.core import AgentEnv
-from agentrl.verify.code import NULL_SOLUTIONS, CodeVerifier, humaneval_tasks, stable_fraction
+from agentrl.envs.answer import AnswerEnv, call_text
+from agentrl.verify.base import perturb
+from agentrl.verify.code import NULL_SOLUTIONS, CodeTask, CodeVerifier, humaneval_tasks, stable_fraction
 from agentrl.verify.sandbox import Sandbox, TestCase, default_sandbox
 
 
-class CodeEnv(AgentEnv):
+class CodeEnv(AnswerEnv):
     """Complete a Python function so that hidden tests pass."""
 
     system_prompt = "Complete the Python function. Test it with `run_tests`, then `submit` the function body."
@@ -74,9 +74,7 @@ class CodeEnv(AgentEnv):
 
     def submit(self, code: str) -> str:
         """Submit your code (a function body, or full definitions). Ends the episode."""
-        self.submitted = code
-        self.finish()
-        return "submitted"
+        return self.submit_answer(code)
 
     tools = [run_tests, submit]
 
@@ -101,7 +99,6 @@ class CodeEnv(AgentEnv):
             k = min(self.hidden_per_episode, len(pool))
             picks = sorted(rng.choice(len(pool), size=k, replace=False).tolist())
             self.hidden = [pool[i] for i in picks]
-        self.submitted: str | None = None
         visible = "\n".join(c.code for c in self.visible)
         obs = f"{self.task.prompt.rstrip()}\n\nVisible test (more are hidden):\n{visible}"
         return obs, {"task_id": self.task.task_id, "hidden_tests": len(self.hidden)}
@@ -109,10 +106,8 @@ class CodeEnv(AgentEnv):
     def _with_setup(self, tests: list[TestCase]) -> list[TestCase]:
         return [c for c in self.task.tests if c.setup] + list(tests)
 
-    def verify(self) -> float:
-        if self.submitted is None:
-            return 0.0
-        return self.verifier(self.task.with_tests(self._with_setup(self.hidden)), self.submitted).score
+    def verified_task(self) -> CodeTask:
+        return self.task.with_tests(self._with_setup(self.hidden))  # the hidden tests, never the visible one
 
     def expert_action(self, noise: float = 0.0) -> str:
         rng = self.np_random
@@ -120,10 +115,10 @@ class CodeEnv(AgentEnv):
         if noise > 0 and rng.random() < noise / 2:
             return "def f():" if rng.random() < 0.5 else '<tool_call>{"name": "submit", "arguments": {}}</tool_call>'
         if self.turn == 0:
-            return _call("run_tests", code=code)
+            return call_text("run_tests", code=code)
         if noise > 0 and rng.random() < noise / 2:
             code = list(NULL_SOLUTIONS.values())[int(rng.integers(len(NULL_SOLUTIONS)))]
-        return _call("submit", code=code)
+        return call_text("submit", code=code)
 
     # -- verifier probe hooks ---------------------------------------------------------------
 
@@ -131,13 +126,11 @@ class CodeEnv(AgentEnv):
         return self.task.solution or ""
 
     def probe_attacks(self) -> dict[str, tuple[str, bool | None]]:
-        from agentrl.verify.probe import _perturb
-
         ep, ref = self.task.entry_point, self.task.solution or ""
         other = next(t for t in self.tasks if t.task_id != self.task.task_id)
         return {
             # generic mutation of a constant may give an equivalent program: information only
-            "off-by-one mutant (info)": (_perturb(ref), None),
+            "off-by-one mutant (info)": (perturb(ref), None),
             "correct-looking, wrong content": (other.solution or "", False),
             "several answers at once": (f"{ref}\ndef {ep}(*args, **kwargs):\n    return None\n", False),
             "code that does nothing": ("    pass\n", False),
@@ -171,10 +164,6 @@ def _dedupe(cases: list[TestCase]) -> list[TestCase]:
 
 def _trim(text: str, n: int) -> str:
     return text if len(text) <= n else text[:n] + f" ... [{len(text) - n} more characters not shown]"
-
-
-def _call(name: str, **arguments: Any) -> str:
-    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
 
 
 gymnasium.register(id="agentrl/Code-v0", entry_point="agentrl.envs.code:CodeEnv", kwargs={"max_prompt_chars": 800},

@@ -17,14 +17,13 @@ The answer must be a simplified number (``numbers_only``): submitting the questi
 from __future__ import annotations
 
 import ast
-import json
 import operator
 from fractions import Fraction
 from typing import Any
 
 import gymnasium
 
-from agentrl.core import AgentEnv
+from agentrl.envs.answer import AnswerEnv, call_text
 from agentrl.pyparse import parse
 from agentrl.verify.math import MathTask, MathVerifier
 
@@ -70,7 +69,7 @@ def calculate(expression: str) -> Fraction:
     return ev(tree)
 
 
-class MathEnv(AgentEnv):
+class MathEnv(AnswerEnv):
     """Solve a generated problem; `calculator` helps, `submit` ends the episode."""
 
     system_prompt = "Solve the problem. Use the calculator if you like, then submit the final number."
@@ -91,9 +90,7 @@ class MathEnv(AgentEnv):
 
     def submit(self, answer: str) -> str:
         """Submit the final answer (a number such as 12, -3 or 7/2). Ends the episode."""
-        self.submitted = answer
-        self.finish()
-        return "submitted"
+        return self.submit_answer(answer)
 
     tools = [calculator, submit]
 
@@ -107,7 +104,6 @@ class MathEnv(AgentEnv):
             if answer not in question.replace(self.expression, ""):
                 break
         self.task = MathTask(answer=answer, question=question, task_id=f"{kind}-{seed}")
-        self.submitted: str | None = None
         self._used_calculator = False
         return question, {"task_id": self.task.task_id}
 
@@ -130,22 +126,17 @@ class MathEnv(AgentEnv):
         return (f"{name_of(rng)} shares {a} kg of rice equally among {b} bags. How many kg per bag (as a number)?",
                 f"{a} / {b}")
 
-    def verify(self) -> float:
-        if self.submitted is None:
-            return 0.0
-        return self.verifier(self.task, self.submitted).score
-
     def expert_action(self, noise: float = 0.0) -> str:
         rng = self.np_random
         if noise > 0 and rng.random() < noise / 2:
             truncated_call = '<tool_call>{"name": "submit", "arguments": {"answer": '
             return truncated_call if rng.random() < 0.5 else "I think the answer is easy."
         if self.turn == 0:
-            return _call("calculator", expression=self.expression)
+            return call_text("calculator", expression=self.expression)
         answer = self.task.answer
         if noise > 0 and rng.random() < noise / 2:
             answer = fmt(Fraction(answer) + 1)  # an off-by-one slip
-        return _call("submit", answer=answer)
+        return call_text("submit", answer=answer)
 
     # -- verifier probe hooks ---------------------------------------------------------------
 
@@ -172,10 +163,6 @@ class MathEnv(AgentEnv):
 
 def name_of(rng: Any) -> str:
     return NAMES[int(rng.integers(len(NAMES)))]
-
-
-def _call(name: str, **arguments: Any) -> str:
-    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
 
 
 gymnasium.register(id="agentrl/Math-v0", entry_point="agentrl.envs.math:MathEnv", kwargs={},

@@ -13,19 +13,18 @@ duplicates count. The query tool shows at most `show_rows` rows, and says how ma
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import gymnasium
 
-from agentrl.core import AgentEnv
+from agentrl.envs.answer import AnswerEnv, call_text
 from agentrl.verify.sql import QueryError, SQLTask, SQLVerifier, connect, run_query
 
 FIRST = ["Ada", "Bo", "Cal", "Dot", "Eve", "Fin", "Gus", "Hal", "Ivy", "Jo", "Kai", "Lu"]
 DEPTS = ["eng", "ops", "sales"]
 
 
-class SQLEnv(AgentEnv):
+class SQLEnv(AnswerEnv):
     """Answer a question about a small company database with one SELECT query."""
 
     system_prompt = "Answer the question with one SQLite SELECT query. Try queries with `query`, then `submit` one."
@@ -49,9 +48,7 @@ class SQLEnv(AgentEnv):
 
     def submit(self, sql: str) -> str:
         """Submit your final query. Ends the episode."""
-        self.submitted = sql
-        self.finish()
-        return "submitted"
+        return self.submit_answer(sql)
 
     tools = [query, submit]
 
@@ -78,7 +75,6 @@ class SQLEnv(AgentEnv):
             if want and all(v not in (0, None) for r in want for v in r) and sorted(map(repr, want)) not in others:
                 break
         self.task = SQLTask(schema=schema, gold=gold, question=question, task_id=f"sql-{seed}")
-        self.submitted: str | None = None
         obs = (f"Table emp(id, name, dept, salary, age), {len(rows)} rows; dept is one of eng, ops, sales.\n"
                f"Question: {question}")
         return obs, {"task_id": self.task.task_id}
@@ -100,21 +96,16 @@ class SQLEnv(AgentEnv):
                     f"SELECT name FROM emp WHERE age > {age} ORDER BY age, id")
         return "For each dept, give the dept and its number of people.", "SELECT dept, COUNT(*) FROM emp GROUP BY dept"
 
-    def verify(self) -> float:
-        if self.submitted is None:
-            return 0.0
-        return self.verifier(self.task, self.submitted).score
-
     def expert_action(self, noise: float = 0.0) -> str:
         rng = self.np_random
         if noise > 0 and rng.random() < noise / 2:
             return "SELECT name FROM emp" if rng.random() < 0.5 else '<tool_call>{"name": "query"}'
         if self.turn == 0:
-            return _call("query", sql=self.task.gold)
+            return call_text("query", sql=self.task.gold)
         sql = self.task.gold
         if noise > 0 and rng.random() < noise / 2:
             sql = _negated(sql)  # the condition backwards: surely other rows (the task generator checks)
-        return _call("submit", sql=sql)
+        return call_text("submit", sql=sql)
 
     # -- verifier probe hooks ---------------------------------------------------------------
 
@@ -155,10 +146,6 @@ def _negated(gold: str) -> str:
         cond, order, rest = cond.partition(" ORDER BY ")
         return f"{head} WHERE NOT ({cond})" + (f" ORDER BY {rest}" if order else "")
     return gold.replace("COUNT(*)", "COUNT(*) + 1")
-
-
-def _call(name: str, **arguments: Any) -> str:
-    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
 
 
 gymnasium.register(id="agentrl/SQL-v0", entry_point="agentrl.envs.sql:SQLEnv", kwargs={},

@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         return None
 
     from agentrl.config import TrainConfig
-    from agentrl.trainer import train
+    from agentrl.stages.pipeline import train
 
     cfg = TrainConfig(
         env={"id": "examples.custom_env:Arithmetic" if __name__ != "__main__" else "__main__:Arithmetic"},

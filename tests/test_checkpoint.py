@@ -154,7 +154,7 @@ def test_conflicting_config_on_resume_fails_before_any_work_naming_the_field(tmp
     def no_work(*a, **k):
         raise AssertionError("training started")
 
-    monkeypatch.setattr("agentrl.trainer.train", no_work)
+    monkeypatch.setattr("agentrl.stages.pipeline.train", no_work)
     assert cli.main(["train", "--resume", str(run), "--config", str(other)]) == 2
     err = capsys.readouterr().err
     assert "rollout.group_size" in err and "3" in err and "2" in err
@@ -167,7 +167,7 @@ def test_new_run_into_a_non_empty_folder_is_refused_naming_it(tmp_path, vault_po
     out = tmp_path / "taken"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    monkeypatch.setattr("agentrl.trainer.train", lambda *a, **k: pytest.fail("training started"))
+    monkeypatch.setattr("agentrl.stages.pipeline.train", lambda *a, **k: pytest.fail("training started"))
     assert cli.main(["train", "--env", "test_e2e:Babble", "--model", str(vault_policy_dir), "--out", str(out)]) == 2
     assert f"--out {out} is not empty" in capsys.readouterr().err
     # the library refuses a folder that holds a run too; --overwrite removes the run's files, not the user's

@@ -179,6 +179,21 @@ def test_vllm_engine_is_refused_for_assigners_that_read_hidden_states(capsys):
         TrainConfig(algo="steppo", engine="vllm", credit={"prm": "learned"})
 
 
+def test_an_engine_that_needs_cuda_is_refused_on_cpu_before_it_is_imported(monkeypatch):
+    import torch
+
+    from agentrl.engines import get_engine_spec
+
+    with pytest.raises(ValueError, match="needs a CUDA GPU, but device is cpu"):
+        TrainConfig(algo="grpo", engine="vllm", device="cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delitem(sys.modules, "agentrl.engines.vllm_engine", raising=False)
+    with pytest.raises(RuntimeError, match="engine vllm needs a CUDA GPU and torch sees none"):
+        get_engine_spec("vllm").load()
+    assert "agentrl.engines.vllm_engine" not in sys.modules
+    assert callable(get_engine_spec("torch").load())
+
+
 def test_unknown_command_suggests_the_nearest(capsys):
     assert main(["trian"]) == 2
     assert "did you mean 'train'" in capsys.readouterr().err

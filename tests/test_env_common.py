@@ -50,3 +50,37 @@ def test_no_submission_is_a_zero_not_an_error(env):
 def test_observations_stay_short(env):
     _, trace = play(env, 1)
     assert all(len(t[0]) <= 1200 for t in trace[1:])
+
+
+def test_an_answer_env_is_its_tools_and_tasks_only():
+    from dataclasses import dataclass
+
+    from agentrl.envs.answer import AnswerEnv, call_text
+
+    @dataclass
+    class Verdict:
+        score: float
+
+    class Capital(AnswerEnv):
+        verifier = staticmethod(lambda task, answer: Verdict(float(answer.strip().lower() == task)))
+
+        def submit(self, city: str) -> str:
+            """The capital. Ends the episode."""
+            return self.submit_answer(city)
+
+        tools = [submit]
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            self.task = "paris"
+            return "The capital of France?", {}
+
+    env = Capital()
+    env.reset(seed=0)
+    assert env.tool_schemas()[0]["function"]["parameters"]["required"] == ["city"]
+    _, reward, terminated, _, _ = env.step(call_text("submit", city=" Paris"))
+    assert (reward, terminated, env.submitted) == (1.0, True, " Paris")
+    env.reset(seed=1)  # a new episode forgets the answer: nothing submitted scores 0
+    assert env.submitted is None and env.verify() == 0.0
+    _, reward, terminated, _, _ = env.step(call_text("submit", city="Lyon"))
+    assert (reward, terminated) == (0.0, True)

@@ -1,25 +1,32 @@
 """The package's imports, walked from the source (every `import`, also the ones inside functions): no
-circles. Each module is a node, an edge is an import of another agentrl module; a circle is a strongly
-connected component of more than one module.
+circle and no import that goes up the layers written down in docs/design.md ("Layers"). Each module is
+a node under the name it ships as (envs/ and algorithms/ as agentrl.envs and agentrl.algorithms), an
+edge is an import of another agentrl module, a circle is a strongly connected component of more than one.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "agentrl"
-# circles not yet taken apart, each with what must move: the list only shrinks
-KNOWN = {
-    frozenset({"agentrl.stages.sft", "agentrl.trainer"}),  # trainer.train() builds the warm start; sft evaluates it
-}
+ROOT = Path(__file__).resolve().parents[1]
+DESIGN = ROOT / "docs" / "design.md"
 
 
 def modules() -> dict[str, Path]:
+    """Every module of the distribution, by the name it ships as (pyproject's package-dir)."""
+    line = next(x for x in (ROOT / "pyproject.toml").read_text().splitlines() if x.startswith("package-dir"))
+    package_dir = dict(re.findall(r'"([\w.]+)" = "(\w+)"', line))  # no tomllib on Python 3.10
+    assert package_dir.get("agentrl.envs") == "envs", line
     out = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    for package, folder in package_dir.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            name = ".".join((package, *(parts[:-1] if parts[-1] == "__init__" else parts)))
+            if not any(name.startswith(other + ".") or name == other
+                       for other in package_dir if other != package and other.startswith(package + ".")):
+                out[name] = path  # agentrl/envs/... would shadow envs/: the package-dir entry decides
     return out
 
 
@@ -37,6 +44,11 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
             found.add(base)
             found.update(f"{base}.{a.name}" for a in node.names)  # `from pkg import module`
     return {m for m in found if m in known and m != name}
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports(name, path, known) for name, path in known.items()}
 
 
 def circles(edges: dict[str, set[str]]) -> list[frozenset[str]]:
@@ -60,7 +72,7 @@ def circles(edges: dict[str, set[str]]) -> list[frozenset[str]]:
                     index[w] = low[w] = len(index)
                     stack.append(w)
                     on.add(w)
-                    work.append((w, iter(sorted(edges[w]))))
+                    work.append((w, iter(sorted(edges.get(w, ())))))
                     break
                 if w in on:
                     low[v] = min(low[v], index[w])
@@ -81,17 +93,77 @@ def circles(edges: dict[str, set[str]]) -> list[frozenset[str]]:
     return out
 
 
+def layers(text: str) -> dict[str, int]:
+    """{module or package name: its layer} from the numbered lines of design.md's "Layers" section."""
+    section = text.split("### Layers", 1)[1].split("\n#", 1)[0]
+    out: dict[str, int] = {}
+    for line in section.splitlines():
+        m = re.match(r"(\d+)\. \*\*[^*]+\*\* (.*)", line)
+        if m:
+            for name in re.findall(r"`(agentrl[\w.]*)`", m.group(2).split(":", 1)[0]):
+                assert name not in out, f"design.md names {name} in two layers"
+                out[name] = int(m.group(1))
+    return out
+
+
+def layer_of(module: str, table: dict[str, int]) -> int | None:
+    """The layer of the longest name in `table` that is `module` or a package above it (the root
+    package `agentrl` stands for itself alone, not for everything)."""
+    names = [n for n in table if n == module or (n != "agentrl" and module.startswith(n + "."))]
+    return table[max(names, key=len)] if names else None
+
+
+def upward(edges: dict[str, set[str]], table: dict[str, int]) -> list[str]:
+    """Every import from a module into a higher layer, as 'a (n) -> b (m)'."""
+    return sorted(f"{a} ({layer_of(a, table)}) -> {b} ({layer_of(b, table)})"
+                  for a, targets in edges.items() for b in targets
+                  if (layer_of(b, table) or 0) > (layer_of(a, table) or 0))
+
+
 def test_circles_are_found_by_hand_made_graphs():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset("abc")]
     assert circles({"a": {"b"}, "b": set()}) == []
+    assert sorted(map(sorted, circles({"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"c", "a"}}))) == [["a", "b"],
+                                                                                                 ["c", "d"]]
 
 
-def test_the_package_imports_in_no_new_circle():
-    known = modules()
-    edges = {name: imports(name, path, known) for name, path in known.items()}
-    assert "agentrl.core" in edges and "agentrl.registry" in edges["agentrl.cli"]  # the walk sees the package
-    found = set(circles(edges))
-    assert found <= KNOWN, f"import circles: {[sorted(c) for c in found - KNOWN]}"
+def test_the_walk_sees_the_package_under_its_shipped_names():
+    edges = graph()
+    assert "agentrl.core" in edges and "agentrl.registry" in edges["agentrl.cli"]
+    assert "agentrl.envs.code" in edges and "agentrl.algorithms.grpo" in edges  # envs/, algorithms/
+    assert "agentrl.credit" in edges["agentrl.algorithms.grpo"]
+    assert not any(name.startswith(("envs", "algorithms")) for name in edges)
+
+
+def test_the_package_imports_in_no_circle():
+    found = circles(graph())
+    assert not found, f"import circles: {[sorted(c) for c in found]}"
+
+
+def test_every_module_has_a_layer_and_every_layer_name_a_module():
+    edges, table = graph(), layers(DESIGN.read_text())
+    assert len(set(table.values())) >= 10, "design.md's layer list was not found"
+    unplaced = sorted(m for m in edges if layer_of(m, table) is None)
+    assert not unplaced, f"modules that no layer in docs/design.md names: {unplaced}"
+    stale = sorted(n for n in table if not any(m == n or m.startswith(n + ".") for m in edges))
+    assert not stale, f"docs/design.md's layers name what is no module: {stale}"
+
+
+def test_imports_only_go_down_the_layers():
+    up = upward(graph(), layers(DESIGN.read_text()))
+    assert not up, "imports that go up docs/design.md's layers:\n" + "\n".join(up)
+
+
+def test_a_planted_upward_import_is_caught():
+    edges, table = graph(), layers(DESIGN.read_text())
+    edges["agentrl.core"] = edges["agentrl.core"] | {"agentrl.trainer"}
+    assert upward(edges, table) == [f"agentrl.core ({table['agentrl.core']}) -> agentrl.trainer "
+                                    f"({table['agentrl.trainer']})"]
+    # a longer name overrides its package: algorithms' registry sits below the config, its assigners above
+    assert layer_of("agentrl.algorithms", table) <= layer_of("agentrl.config", table) < layer_of(
+        "agentrl.algorithms.grpo", table)
+    assert layer_of("agentrl.verify.probe", table) > layer_of("agentrl.verify.base", table)
+    assert layer_of("agentrl.trainer", table) < layer_of("agentrl.stages.sft", table)  # the loop never imports stages
 
 
 def test_the_contract_imports_nothing_above_it():

@@ -264,7 +264,7 @@ def test_check_env_passes_on_an_mcp_env(env_file):
 
 def test_a_few_updates_train_on_tools_served_by_an_mcp_server(env_file, tmp_path):
     from agentrl.config import TrainConfig
-    from agentrl.trainer import train
+    from agentrl.stages.pipeline import train
 
     micro = {"hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1,
              "max_position_embeddings": 256, "vocab_size": 300}

@@ -143,7 +143,7 @@ def test_readme_env_without_expert_trains_from_readme_format_data(tmp_path, cach
 
 
 def _warm(env_id: str, messages: list[str]) -> Path:
-    from agentrl.stages.sft import warm_start
+    from agentrl.stages.warm_start import warm_start
 
     return warm_start(env_id, {}, TrainConfig(tiny=MICRO).tiny, SFTConfig(episodes=16, epochs=1), 0,
                       say=messages.append)
@@ -171,14 +171,15 @@ def test_appending_a_function_keeps_the_warm_start_and_changing_the_expert_rebui
 
     said.clear()  # an explicit folder is used as it is, whatever the key
     env_id = write_module(tmp_path, "my_env", code)
-    from agentrl.stages.sft import warm_start
+    from agentrl.stages.warm_start import warm_start
 
     given = warm_start(env_id, {}, TrainConfig(tiny=MICRO).tiny, SFTConfig(warm_start=str(rebuilt)), 0, say=said.append)
     assert given == rebuilt and "as given" in said[0]
 
 
 def test_calibrated_noise_gives_the_target_expert_pass_rate(tmp_path):
-    from agentrl.stages.sft import calibrate_noise, expert_pass_rate
+    from agentrl.stages.sft import expert_pass_rate
+    from agentrl.stages.warm_start import calibrate_noise
 
     env = make(write_module(tmp_path, "calib_env", readme_env_code()))
     # this expert fails only when it slips at turn 0 and its guess in [10, 90) misses: by hand,

@@ -133,7 +133,7 @@ def test_the_trainer_scores_each_action_on_the_context_it_was_sampled_from(trimm
 
 
 def test_a_run_whose_template_rewrites_history_trains_and_says_so(trimming_model, tmp_path, capsys):
-    from agentrl.trainer import train
+    from agentrl.stages.pipeline import train
 
     out = tmp_path / "run"
     train(trimming_config(trimming_model, out))

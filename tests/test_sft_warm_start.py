@@ -8,7 +8,8 @@ import torch
 from agentrl.config import SFTConfig, TrainConfig
 from agentrl.monitor import SilentMonitor
 from agentrl.registry import make
-from agentrl.stages.sft import choose_noise, collect_demos, progress_lines, sft, warm_start_advice
+from agentrl.stages.sft import collect_demos, progress_lines, sft, warm_start_advice
+from agentrl.stages.warm_start import choose_noise
 from tests.conftest import MICRO
 
 BAND = SFTConfig().useful_band
@@ -56,6 +57,15 @@ def test_auto_nothing_inside_picks_the_nearest_and_says_the_policy_does_not_lear
     probes = Probes(lambda n: {0.35: 0.02, 0.175: 0.08, 0.0: 0.05}[n])
     noise, _, why = choose_noise(probes, 0.35, BAND, probes=3)
     assert noise == 0.175 and "does not learn" in why
+
+
+def test_auto_nothing_inside_keeps_the_default_when_a_cleaner_warm_start_passes_no_more():
+    # 0.125 at the default and at half of it: leaving the default would gain nothing
+    probes = Probes(lambda n: {0.35: 0.125, 0.175: 0.125, 0.0: 0.0625}[n])
+    noise, tried, why = choose_noise(probes, 0.35, BAND, probes=3)
+    assert probes.built == [0.35, 0.175, 0.0] and noise == 0.35 and "does not learn" in why
+    probes = Probes(lambda n: {0.35: 0.0625, 0.175: 0.125, 0.0: 0.125}[n])  # a tie between two others
+    assert choose_noise(probes, 0.35, BAND, probes=3)[0] == 0.0
 
 
 def test_advice_fires_at_the_floor_and_the_ceiling_and_far_below_the_expert():

@@ -488,7 +488,7 @@ def test_a_taskset_object_runs_without_a_package(modules):
 
 def test_a_few_updates_train_on_a_verifiers_env(modules, tmp_path):
     from agentrl.config import TrainConfig
-    from agentrl.trainer import train
+    from agentrl.stages.pipeline import train
 
     micro = {
         "hidden_size": 16,

@@ -34,6 +34,7 @@ from agentrl.chat.llama3_json import Llama3Json
 from agentrl.chat.mistral import Mistral, MistralV11
 from agentrl.chat.pythonic import Pythonic
 from agentrl.chat.qwen3_coder import Qwen3Coder
+from agentrl.lookup import lookup, register
 
 DEFAULT = "hermes"
 
@@ -45,18 +46,12 @@ FORMATS: dict[str, ToolFormat] = {f.name: f for f in (
 def register_format(fmt: ToolFormat, *, replace: bool = False) -> ToolFormat:
     """Add a family; `get_format` and `--tool-format` see it from then on, and `detect_format` tries
     it after the built-in ones."""
-    if fmt.name in FORMATS and not replace:
-        raise ValueError(f"a tool format named {fmt.name!r} is already registered (pass replace=True to override it)")
-    FORMATS[fmt.name] = fmt
-    return fmt
+    return register(FORMATS, fmt.name, fmt, what="tool format", replace=replace)
 
 
 def get_format(name: str) -> ToolFormat:
     """The family registered under `name`."""
-    try:
-        return FORMATS[name]
-    except KeyError:
-        raise ValueError(f"unknown tool format {name!r}; known: {', '.join(sorted(FORMATS))}") from None
+    return lookup(FORMATS, name, what="tool format")
 
 
 def detect_format(chat_template: str | None) -> ToolFormat:

@@ -16,6 +16,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
+from agentrl.lookup import lookup, register
+
 
 @dataclass(frozen=True)
 class EngineSpec:
@@ -24,9 +26,16 @@ class EngineSpec:
     description: str
     returns_hidden: bool  # the hidden state at each turn's last context token comes back with the generation
     syncs_weights: bool  # holds its own weights: the trainer calls engine.sync_weights(model) after each update
-    needs_cuda: bool = False
+    needs_cuda: bool = False  # refused on device cpu (TrainConfig) and where torch sees no GPU (load)
 
     def load(self) -> Any:
+        """The builder; an engine that needs a GPU is refused here, before its heavy imports, when there is none."""
+        if self.needs_cuda:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise RuntimeError(f"engine {self.name} needs a CUDA GPU and torch sees none "
+                                   "(torch.cuda.is_available() is False); use --engine torch")
         module, _, attr = self.build.partition(":")
         return getattr(importlib.import_module(module), attr)
 
@@ -35,17 +44,11 @@ ENGINES: dict[str, EngineSpec] = {}
 
 
 def register_engine(spec: EngineSpec, *, replace: bool = False) -> EngineSpec:
-    if spec.name in ENGINES and not replace:
-        raise ValueError(f"an engine named {spec.name!r} is already registered (pass replace=True to override it)")
-    ENGINES[spec.name] = spec
-    return spec
+    return register(ENGINES, spec.name, spec, what="engine", replace=replace)
 
 
 def get_engine_spec(name: str) -> EngineSpec:
-    try:
-        return ENGINES[name]
-    except KeyError:
-        raise ValueError(f"unknown engine {name!r}; known: {', '.join(sorted(ENGINES))}") from None
+    return lookup(ENGINES, name, what="engine")
 
 
 register_engine(EngineSpec("torch", "agentrl.engines.torch_engine:for_policy", returns_hidden=True, syncs_weights=False,

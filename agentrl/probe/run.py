@@ -89,7 +89,7 @@ def collect(
     G = group_size or cfg.rollout.group_size
     if policy is None:
         if cfg.model is None:
-            from agentrl.stages.sft import warm_start
+            from agentrl.stages.warm_start import warm_start
 
             policy = Policy.load(
                 warm_start(cfg.env.id, cfg.env.kwargs, cfg.tiny, cfg.sft, cfg.seed), device=resolve_device(cfg.device)

@@ -1,4 +1,6 @@
-"""The three-stage recipe, one call: SFT -> DPO/SimPO/IPO -> RL, each stage in its own folder.
+"""The recipe's stages in order, one call each. `train`: the tiny policy's SFT warm start where no model is
+given, then the RL loop (what `agentrl train` runs). `run_pipeline`: SFT -> DPO/SimPO/IPO -> RL, each stage in
+its own folder (what `agentrl pipeline` runs).
 
     out/sft/   the warm-started policy (HF folder) and its metrics
     out/dpo/   the preference-tuned policy, pairs statistics, dpo_metrics.jsonl
@@ -22,11 +24,42 @@ import numpy as np
 
 import agentrl.log as agentrl_log
 from agentrl.config import TrainConfig
+from agentrl.distributed import Ranks
+from agentrl.monitor import Monitor
 from agentrl.policy import Policy
 from agentrl.registry import make
 from agentrl.rollout import rollout
 from agentrl.stages.dpo import DPOConfig, pairs_from_episodes, train_preferences
-from agentrl.stages.sft import warm_start
+from agentrl.stages.warm_start import KEY_FILE, warm_start
+
+
+def warm_start_record(folder: Path) -> dict[str, Any]:
+    """What the warm start was built from and how (its key's parts and its SFT metrics), for summary.json."""
+    record: dict[str, Any] = {"dir": str(folder)}
+    for name, field in (("warm_start.json", "sft"), (KEY_FILE, "key_parts")):
+        try:
+            record[field] = json.loads((folder / name).read_text())
+        except (OSError, json.JSONDecodeError):
+            record[field] = None
+    return record
+
+
+def train(cfg: TrainConfig, monitor: Monitor | None = None, decisions: dict[str, Any] | None = None,
+          resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
+    """Stage one where it is needed (the tiny policy's SFT warm start, cached), then the RL loop
+    (`resume` / `overwrite`: see `agentrl.trainer.Trainer`). Returns the run's summary."""
+    from agentrl.trainer import Trainer, resolve_device
+
+    start = None
+    decisions = dict(decisions or {})
+    if cfg.model is None:
+        say = monitor.say if monitor is not None else None
+        # several processes: the main one builds (or finds) the cached warm start, then the others find it
+        with Ranks(cpu=resolve_device(cfg.device).type == "cpu").main_first():
+            start = warm_start(cfg.env.id, cfg.env.kwargs, cfg.tiny, cfg.sft, cfg.seed,
+                               **({"say": say} if say else {}))
+        decisions["warm_start"] = warm_start_record(Path(start))
+    return Trainer(cfg, monitor=monitor, start=start, decisions=decisions, resume=resume, overwrite=overwrite).train()
 
 
 def collect_groups(cfg: TrainConfig, policy: Policy, groups: int, group_size: int, seed: int) -> list:

@@ -15,11 +15,13 @@ would silently teach the policy something false.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["NotVerifiable", "Verdict", "Verifier", "VerifierError", "register_verifier", "verify", "verifier_for"]
+__all__ = ["NotVerifiable", "Verdict", "Verifier", "VerifierError", "perturb", "register_verifier", "verify",
+           "verifier_for"]
 
 
 class NotVerifiable(ValueError):
@@ -89,3 +91,14 @@ def verify(task: Any, answer: Any) -> Verdict:
     return verifier_for(task)(task, answer)
 
 
+def perturb(ref: str) -> str:
+    """A correct-looking answer with wrong content: the last integer changed, else a character.
+
+    >>> perturb("x = 41"), perturb("abc"), perturb("")
+    ('x = 42', 'abx', 'x')
+    """
+    m = list(re.finditer(r"\d+", ref))
+    if m:
+        last = m[-1]
+        return ref[: last.start()] + str(int(last.group()) + 1) + ref[last.end():]
+    return ref[:-1] + ("x" if not ref.endswith("x") else "y") if ref else "x"

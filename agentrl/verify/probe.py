@@ -38,6 +38,7 @@ from typing import Any
 
 from agentrl.core import AgentEnv, Tool, parse_tool_calls
 from agentrl.registry import make
+from agentrl.verify.base import perturb
 
 __all__ = ["ProbeResult", "ProbeRow", "generic_attacks", "print_result", "run_verifier_probe"]
 
@@ -87,18 +88,9 @@ class ProbeResult:
         return not self.wrongly_accepted and not self.leaks
 
 
-def _perturb(ref: str) -> str:
-    """A correct-looking answer with wrong content: the last integer changed, else a character."""
-    m = list(re.finditer(r"\d+", ref))
-    if m:
-        last = m[-1]
-        return ref[: last.start()] + str(int(last.group()) + 1) + ref[last.end():]
-    return ref[:-1] + ("x" if not ref.endswith("x") else "y") if ref else "x"
-
-
 def generic_attacks(reference: str, prompt: str) -> dict[str, tuple[str, bool]]:
     """Attacks every verifier must reject, built from the reference answer and the prompt."""
-    wrong = _perturb(reference)
+    wrong = perturb(reference)
     attacks = {
         "empty answer": ("", False),
         "format only": ("<answer></answer>", False),
