@@ -13,16 +13,19 @@ skip under the README's `.[dev]` install and run in an environment with `pip ins
 from __future__ import annotations
 
 import json
+import os
 import sys
 import textwrap
 import time
 
 import pytest
 
+if os.environ.get("AGENTRL_REQUIRE_VERIFIERS"):  # .ci/run's verifiers step: a skip there would hide a failure
+    import verifiers.v1  # noqa: E402, F401
 pytest.importorskip(
     "verifiers.v1",
     reason="verifiers 0.4 is not installed: it pins mcp==2.0.0, which .[dev]'s mcp>=2.3 excludes; "
-    "pip install 'agentrl[verifiers]' in an environment of its own runs these tests",
+    "pip install 'agentrl[verifiers]' in an environment of its own runs these tests (.ci/run does)",
 )
 
 from agentrl.adapters.verifiers_env import VerifiersEnv  # noqa: E402
