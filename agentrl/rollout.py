@@ -237,13 +237,15 @@ class _Driver:
         if kind == "reset":
             if error is not None:  # reset raised: an env bug the episode cannot start from
                 raise error
-            obs, _ = future.result()
+            obs, info = future.result()
             env = self.envs[row]
             if len(self.first_obs) < LAYOUT_CHECKS:
                 self.first_obs[row] = obs
             prompt = self.chat.prompt_ids(obs, env.tool_schemas(), env.system_prompt)
             seed = self.seeds[row]
-            self.episodes[row] = Episode(prompt_ids=prompt, env_id=env.name, task_id=f"{env.name}:{seed}",
+            named = info.get("task_id") if isinstance(info, dict) else None  # the env's own name for the task
+            task_id = f"{env.name}:{named if isinstance(named, str) and named else seed}"
+            self.episodes[row] = Episode(prompt_ids=prompt, env_id=env.name, task_id=task_id,
                                          group_id=self.group_ids[row], seed=seed, policy_version=self.policy_version)
             self.ctx[row] = len(prompt)
             self.prompts[row] = prompt

@@ -100,9 +100,23 @@ def test_values_go_to_the_api_as_written_as_bfcl_passes_them():
 
 def test_step_limit_of_a_user_turn_truncates_with_zero():
     env = BFCLEnv(subset=[0], steps_per_turn=3)
-    reward, terminated, truncated, info = play(env, 0, lambda e: call("pwd"))
-    assert (reward, terminated, truncated, info["turn"]) == (0.0, False, True, 3)
+    env.reset(seed=0)
+    for _ in range(4):
+        obs, reward, terminated, truncated, info = env.step(call("pwd"))
+    # as BFCL: the limit's 3 steps run and may still end with an answer; the 4th runs, then the entry fails
+    assert (reward, terminated, truncated, info["turn"]) == (0.0, False, True, 4)
     assert env.verdict["error_type"] == "multi_turn:force_terminated"
+    assert len(env._steps[0]) == 4 and "4 steps in one user turn, more than 3" in obs
+
+
+def test_the_step_limits_own_steps_may_still_end_with_an_answer():
+    env = BFCLEnv(subset=[0], steps_per_turn=3)
+    env.reset(seed=0)
+    for _ in range(3):
+        _, _, terminated, truncated, _ = env.step(call("pwd"))
+        assert not (terminated or truncated)
+    obs, _, terminated, truncated, _ = env.step("Done.")  # the answer ends user turn 0 inside the limit
+    assert not truncated and not env._forced_out and (terminated or obs.startswith("User: "))
 
 
 def test_replays_of_one_entry_are_judged_afresh():

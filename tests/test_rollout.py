@@ -123,3 +123,13 @@ def test_sampling_truncation_keeps_untruncated_logprob(top_k, top_p):
     allowed = {0, 1} if top_k == 2 else {0}
     assert set(tok.tolist()) <= allowed
     assert torch.allclose(lp, torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1))
+
+
+def test_an_episode_is_named_by_the_envs_task_id_where_reset_gives_one(vault_policy):
+    chat = vault_policy.chat
+    envs = [make("agentrl/Math-v0"), make("agentrl/Vault-v0", locks=1)]  # Math names its task; Vault does not
+    engine = ScriptedEngine(lambda row: chat.action_ids(envs[row].expert_action()), chat.eos_id)
+    math_ep, vault_ep = rollout(envs, [7, 8], engine, chat)[0]
+    _, info = make("agentrl/Math-v0").reset(seed=7)
+    assert math_ep.task_id == f"agentrl/Math-v0:{info['task_id']}" and info["task_id"].endswith("-7")
+    assert vault_ep.task_id == "agentrl/Vault-v0:8"

@@ -654,3 +654,13 @@ def test_matching_close_skips_brackets_in_strings_and_reports_an_unclosed_one():
     assert matching_close("[f(s='''a]'''), g()]", 0, python=True) == 20
     assert matching_close('{"a": "}', 0) is None
     assert matching_close("[f(x='a\\']')]", 0, python=True) == 13
+
+
+def test_hermes_reads_a_list_of_calls_in_one_block_each_judged_alone():
+    from agentrl.chat import get_format
+
+    calls = get_format("hermes").parse('<tool_call>[{"name": "f", "arguments": {"x": 1}}, {"arguments": {}}]'
+                                       '</tool_call>')
+    assert [(c.name, c.arguments, c.error is None) for c in calls] == [("f", {"x": 1}, True), (None, {}, False)]
+    (empty,) = get_format("hermes").parse("<tool_call>[]</tool_call>")
+    assert empty.error == "an empty list of tool calls"

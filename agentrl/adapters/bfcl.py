@@ -383,11 +383,13 @@ class BFCLEnv(AgentEnv):
             if self._running:
                 self._steps[self._user_turn].append(self._running)
             self._running = None
-        if len(self._steps[self._user_turn]) >= self.steps_per_turn and not self._finished:
-            # BFCL force-quits an entry past its step limit and fails it: the budget is spent, so truncated
+        if len(self._steps[self._user_turn]) > self.steps_per_turn and not self._finished:
+            # BFCL counts a step after running it and force-quits past the limit (so the limit's own steps
+            # may still end with an answer), failing the entry: the budget is spent, so truncated
             self._forced_out = True
             self.max_turns = self._turn
-            observation += f"\n(forced to quit after {self.steps_per_turn} steps in one user turn)"
+            observation += (f"\n(forced to quit: {len(self._steps[self._user_turn])} steps in one user turn, "
+                            f"more than {self.steps_per_turn})")
         return observation, bad
 
     def _execute(self, function: str, arguments: dict[str, Any]) -> str:

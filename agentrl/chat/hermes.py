@@ -21,12 +21,15 @@ OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
 class Hermes(ToolFormat):
     """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, the behaviour of `core.parse_tool_calls`
     (same calls, same messages). A `<tool_call>` never closed is a malformed call of its own, wherever it
-    stands; a stray `</tool_call>` is ignored; "arguments" may be an object or a JSON string of one.
+    stands; a stray `</tool_call>` is ignored; "arguments" may be an object or a JSON string of one; a block
+    may hold a JSON list of calls.
 
     >>> Hermes().parse('<tool_call>{"name": "f", "arguments": "{\\\\"x\\\\": 1}"}</tool_call>')
     [ToolCall(name='f', arguments={'x': 1}, error=None)]
     >>> print(Hermes().parse('<tool_call>{"name": "f"</tool_call>')[0].error)
     the tool call is not valid JSON (Expecting ',' delimiter at char 12)
+    >>> [c.name for c in Hermes().parse('<tool_call>[{"name": "f", "arguments": {}}, {"name": "g"}]</tool_call>')]
+    ['f', 'g']
     """
 
     name = "hermes"
@@ -46,7 +49,7 @@ class Hermes(ToolFormat):
                     ToolCall(None, {}, "a <tool_call> was opened but never closed with </tool_call>"),)))
                 break
             pos = end + len(CLOSE_TAG)
-            out.append(Block(start, pos, (_call(text[body:end]),)))
+            out.append(Block(start, pos, _calls(text[body:end])))
         return out
 
     def render(self, calls: Calls) -> str:
@@ -62,10 +65,20 @@ def _json(value: object) -> str:
     return json.dumps(value, ensure_ascii=False).replace(CLOSE_TAG, "<\\/tool_call>")
 
 
-def _call(body: str) -> ToolCall:
+def _calls(body: str) -> tuple[ToolCall, ...]:
+    """The calls of one block: an object, or a list of them (SmolLM2's documented form writes every call of
+    a step in one block)."""
     obj, error = _loads(body)
     if error is not None:
-        return ToolCall(None, {}, error)
+        return (ToolCall(None, {}, error),)
+    if isinstance(obj, list):
+        if not obj:
+            return (ToolCall(None, {}, "an empty list of tool calls"),)
+        return tuple(_call(item) for item in obj)
+    return (_call(obj),)
+
+
+def _call(obj: object) -> ToolCall:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return ToolCall(None, {}, 'a tool call must be an object with a string "name"')
     args = _as_arguments(obj.get("arguments", {}))
