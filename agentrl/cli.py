@@ -434,88 +434,18 @@ def cmd_sft(argv: Sequence[str]) -> int:
         raise UsageError("--lora-r trains adapters on an existing model: give --model")
     if cmd.data is None and cmd.model is None and cmd.sft.warm_start is None:
         _check_expert(cmd.env.id, cmd.env.kwargs)
-    import json
-    import shutil
-
-    from agentrl.policy import Policy
-    from agentrl.registry import make
-    from agentrl.stages.sft import collect_demos, progress_lines, sft, tiny_policy_from_conversations
-    from agentrl.stages.warm_start import warm_start
-    from agentrl.trainer import evaluate
+    from agentrl.stages.data import DataError
+    from agentrl.stages.pipeline import run_sft
 
     cfg = TrainConfig(env=cmd.env, model=cmd.model, tool_format=cmd.tool_format, sft=cmd.sft, tiny=cmd.tiny,
                       seed=cmd.seed, eval={"episodes": cmd.eval_episodes})
-    out = Path(cmd.out)
-    if cmd.model is None and cmd.data is None:
-        folder = warm_start(cmd.env.id, cmd.env.kwargs, cmd.tiny, cmd.sft, cmd.seed)
-        shutil.copytree(folder, out, dirs_exist_ok=True)
-        policy = Policy.load(out)
-    else:
-        from agentrl.stages.data import DataError, load_conversations, to_episode
-
-        env = make(cmd.env.id, **cmd.env.kwargs)
-        try:
-            convs = load_conversations(cmd.data, env.system_prompt, env.tool_schemas()) if cmd.data else []
-        except DataError as e:
-            raise UsageError(str(e)) from None
-        if cmd.model is not None:
-            policy = Policy.load(cmd.model, tool_format=cmd.tool_format)
-        else:
-            print(f"sft: building the tiny policy and its tokenizer from the {len(convs)} demonstrations in {cmd.data}")
-            policy = tiny_policy_from_conversations([c for _, c in convs], out, cmd.tiny, seed=cmd.seed)
-        if cmd.data:
-            demos = [to_episode(c, policy.chat, group_id=n) for n, c in convs]
-        else:
-            noise = cmd.sft.noise if cmd.sft.noise != "auto" else _auto_noise(env, cmd.sft)
-            demos = collect_demos(lambda: make(cmd.env.id, **cmd.env.kwargs), policy.chat,
-                                  list(range(20_000_000, 20_000_000 + cmd.sft.episodes)), noise)
-        context = getattr(policy.model.config, "max_position_embeddings", None)
-        longest = max(range(len(demos)), key=lambda i: len(demos[i].token_ids()))
-        if context is not None and len(demos[longest].token_ids()) > context:
-            where = f"{cmd.data}:{convs[longest][0]}" if cmd.data else f"demonstration {longest}"
-            raise UsageError(f"{where}: {len(demos[longest].token_ids())} tokens, longer than the model's context "
-                             f"({context})" + ("; raise --tiny.max-position-embeddings" if cmd.model is None else ""))
-        model = policy.model
-        if cmd.lora_r:
-            from peft import LoraConfig, get_peft_model
-
-            model = get_peft_model(model,
-                                   LoraConfig(r=cmd.lora_r, lora_alpha=2 * cmd.lora_r, target_modules="all-linear",
-                                                     lora_dropout=0.0))
-        lr = cmd.sft.lr_for(pretrained=cmd.model is not None)
-        tokens = sum(len(d.token_ids()) for d in demos)
-        print(f"sft: {len(demos)} demonstrations ({tokens:,} tokens) x {cmd.sft.epochs} epochs, batch "
-              f"{cmd.sft.batch_size}, lr {lr:g}" + (" (the tiny policy's, from scratch)" if cmd.model is None else ""))
-        metrics = sft(model, demos, policy.chat.pad_id, epochs=cmd.sft.epochs, lr=lr, batch_size=cmd.sft.batch_size,
-                      seed=cmd.seed, log=progress_lines(print))
-        if cmd.lora_r:
-            policy.model = model.merge_and_unload()  # an ordinary HF folder, loadable without peft
-        policy.save(out)
-        metrics["demonstrations"] = len(demos)
-        metrics["demo_pass_rate"] = sum(d.passed for d in demos) / len(demos)
-        metrics["data"] = cmd.data
-        (out / "warm_start.json").write_text(json.dumps(metrics, indent=2))
-        print(f"sft: loss {metrics['sft/loss']:.4f} after {metrics['sft/steps']} steps in "
-              f"{metrics['sft/seconds']:.0f}s")
-    result = evaluate(cfg, policy, None, getattr(policy.model.config, "max_position_embeddings", 2048))
-    print(f"held-out pass rate on {cmd.env.id} {result.pass_rate:.3f} over {result.episodes} episodes; model saved to "
-          f"{out}")
-    from agentrl.stages.sft import warm_start_advice
-
-    record = json.loads((out / "warm_start.json").read_text()) if (out / "warm_start.json").is_file() else {}
-    advice = warm_start_advice(result.pass_rate, result.episodes, record.get("demo_pass_rate"),
-                               tuple(cmd.sft.useful_band))
+    try:
+        _, advice = run_sft(cfg, cmd.out, data=cmd.data, lora_r=cmd.lora_r)
+    except DataError as e:
+        raise UsageError(str(e)) from None
     if advice:
         print(f"warning: {advice}", file=sys.stderr)
     return 0
-
-
-def _auto_noise(env: Any, sft_cfg: SFTConfig) -> float:
-    noise = SFTConfig.model_fields["noise"].default
-    print(f"sft: noise auto with --model -> {noise:g}: probing slip rates by repeated SFT is done for the tiny policy "
-          "only (a loaded model's SFT is too long to repeat); the held-out check after SFT says whether this warm "
-          "start leaves RL something to learn")
-    return noise
 
 
 # -- dpo, pipeline ----------------------------------------------------------------------------------

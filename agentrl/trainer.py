@@ -905,67 +905,103 @@ class Trainer:
         return self._finish(t_start, warm)
 
     def _updates(self, ahead: RolloutAhead | None, saved: bool) -> bool:
-        """The updates from the next to the last (or to a stop); returns whether the last one was saved."""
-        cfg = self.cfg
-        every = cfg.checkpoint.every
-        for update in range(self.done + 1, cfg.updates + 1):
+        """The updates from the next to the last (or to a stop); returns whether the last one was saved.
+        Each update is the same steps in order: roll out, score, assign credit, optimise, hand the new
+        weights to the engine, evaluate when due, log and check health, checkpoint when due."""
+        for update in range(self.done + 1, self.cfg.updates + 1):
             if self.stopped:
                 break
-            self.phase("rollout", update)
             t0 = time.perf_counter()
-            episodes, metrics = ahead.get(update) if ahead is not None else self.collect(update)
+            episodes, metrics = self._rollout_step(update, ahead)
             t_roll = time.perf_counter() - t0  # with rollouts ahead: only the wait for one not yet done
             self.phase("update", update)
-            metrics.update(self._staleness(update, episodes))
-            batch = make_batch(episodes, self.policy.chat.pad_id)
-            owner = torch.tensor([self.owner[e.group_id] for e in episodes]) if self.ranks.world > 1 else None
-            # once per batch: the KL and the implicit PRM read it
-            batch = batch.with_(ref_logp=self.reference_logp(batch, owner))
-            if cfg.rollout.max_staleness and cfg.loss.off_policy == "decoupled":
-                batch = batch.with_(prox_logp=self.proximal_logp(batch))
-                w = _is_weight(batch, cfg.loss.is_cap)[batch.action_mask > 0]
-                metrics.update({"train/is_weight_mean": float(w.mean()), "train/is_weight_max": float(w.max())})
-            if self._scores_sampler:
-                batch = batch.with_(sampler_logp=self.sampler_logp(batch, update, owner))
-            fit = self.assigner.fit(batch)
-            credit = self.assigner.assign(batch, fit)
-            if batch.sampler_logp is not None:
-                metrics.update(self.mismatch_metrics(batch, credit.row_weight > 0))
-            metrics.update({f"credit/{k}": v for k, v in {**fit.metrics, **credit.metrics}.items()})
-            if metrics.get("credit/groups"):
-                metrics["credit/all_pass_frac"] = metrics.get("credit/all_pass_groups", 0.0) / metrics["credit/groups"]
-                metrics["credit/all_fail_frac"] = metrics.get("credit/all_fail_groups", 0.0) / metrics["credit/groups"]
+            batch, owner = self._score_step(update, episodes, metrics)
+            credit = self._credit_step(batch, metrics)
             metrics.update(self.knobs.metrics())  # the knobs this update ran with
             metrics.update(self.optimize(batch, credit, owner))
             self._say_critic_only(update, metrics)
-            if ahead is not None:  # the rollout thread refreshes its actor from this copy before its next rollout
-                weights = self._trainable_copy()
-                ahead.publish(update, weights)
-                # episodes of version update - max_staleness onwards may still come; older ones never
-                self.snapshots = {v: w for v, w in self.snapshots.items() if v >= update - cfg.rollout.max_staleness}
-                self.snapshots[update] = weights
-            elif self.syncs_weights:  # e.g. vLLM generates from its own copy of the weights
-                self.engine.sync_weights(self.policy.model)
+            self._sync_step(update, ahead)
             metrics["time/rollout_s"] = t_roll
             metrics["time/update_s"] = time.perf_counter() - t0
-            if cfg.eval.every and update % cfg.eval.every == 0 and update != cfg.updates:
-                self.phase("eval", update)
-                self.last_eval = self.evaluate()
-                metrics.update(self.last_eval.metrics())
-            self.phase("log", update)
-            self.done = update
-            # every rank logs, checks and acts on the main process's row (its timings), so all decide alike
-            metrics = self.ranks.broadcast(metrics)
-            self.stopped = self.check_health({"step": update, **metrics})
-            self._agree_on_signal()
-            saved = bool((every and update % every == 0) or update == cfg.updates or self.stopped or self._signal)
+            self._eval_step(update, metrics)
+            saved = self._log_step(update, metrics)
             if saved:
-                self.phase("checkpoint", update)
-                t_ckpt = time.perf_counter()
-                self.checkpoint()
-                self.checkpoint_seconds.append(time.perf_counter() - t_ckpt)
+                self._checkpoint_step(update)
             self._exit_on_signal()
         return saved
+
+    def _rollout_step(self, update: int, ahead: RolloutAhead | None) -> tuple[list[Episode], dict[str, float]]:
+        """This update's episodes and their rollout metrics (from the thread running ahead, if there is one)."""
+        self.phase("rollout", update)
+        episodes, metrics = ahead.get(update) if ahead is not None else self.collect(update)
+        return episodes, {**metrics, **self._staleness(update, episodes)}
+
+    def _score_step(self, update: int, episodes: list[Episode], metrics: dict[str, float],
+                    ) -> tuple[TurnBatch, torch.Tensor | None]:
+        """The batch with the log-probs the credit and the loss read: the reference's (once per batch: the
+        KL and the implicit PRM), the proximal policy's (decoupled PPO), the sampler's (the engine gap).
+        Several processes: also each row's owning rank."""
+        cfg = self.cfg
+        batch = make_batch(episodes, self.policy.chat.pad_id)
+        owner = torch.tensor([self.owner[e.group_id] for e in episodes]) if self.ranks.world > 1 else None
+        batch = batch.with_(ref_logp=self.reference_logp(batch, owner))
+        if cfg.rollout.max_staleness and cfg.loss.off_policy == "decoupled":
+            batch = batch.with_(prox_logp=self.proximal_logp(batch))
+            w = _is_weight(batch, cfg.loss.is_cap)[batch.action_mask > 0]
+            metrics.update({"train/is_weight_mean": float(w.mean()), "train/is_weight_max": float(w.max())})
+        if self._scores_sampler:
+            batch = batch.with_(sampler_logp=self.sampler_logp(batch, update, owner))
+        return batch, owner
+
+    def _credit_step(self, batch: TurnBatch, metrics: dict[str, float]) -> Credit:
+        """The assigner's fit and its credit for the batch, with their metrics (and the engine gap over the
+        rows that will train)."""
+        fit = self.assigner.fit(batch)
+        credit = self.assigner.assign(batch, fit)
+        if batch.sampler_logp is not None:
+            metrics.update(self.mismatch_metrics(batch, credit.row_weight > 0))
+        metrics.update({f"credit/{k}": v for k, v in {**fit.metrics, **credit.metrics}.items()})
+        if metrics.get("credit/groups"):
+            metrics["credit/all_pass_frac"] = metrics.get("credit/all_pass_groups", 0.0) / metrics["credit/groups"]
+            metrics["credit/all_fail_frac"] = metrics.get("credit/all_fail_groups", 0.0) / metrics["credit/groups"]
+        return credit
+
+    def _sync_step(self, update: int, ahead: RolloutAhead | None) -> None:
+        """The new weights to whoever samples next: the rollout thread's actor, or an engine with its own copy."""
+        if ahead is not None:  # the rollout thread refreshes its actor from this copy before its next rollout
+            weights = self._trainable_copy()
+            ahead.publish(update, weights)
+            # episodes of version update - max_staleness onwards may still come; older ones never
+            keep = update - self.cfg.rollout.max_staleness
+            self.snapshots = {v: w for v, w in self.snapshots.items() if v >= keep}
+            self.snapshots[update] = weights
+        elif self.syncs_weights:  # e.g. vLLM generates from its own copy of the weights
+            self.engine.sync_weights(self.policy.model)
+
+    def _eval_step(self, update: int, metrics: dict[str, float]) -> None:
+        """The held-out evaluation every `eval.every` updates (the last update's is the final one, after the loop)."""
+        every = self.cfg.eval.every
+        if every and update % every == 0 and update != self.cfg.updates:
+            self.phase("eval", update)
+            self.last_eval = self.evaluate()
+            metrics.update(self.last_eval.metrics())
+
+    def _log_step(self, update: int, metrics: dict[str, float]) -> bool:
+        """Log the update, check health (which may stop the run), agree on a signal; returns whether to save."""
+        self.phase("log", update)
+        self.done = update
+        # every rank logs, checks and acts on the main process's row (its timings), so all decide alike
+        metrics = self.ranks.broadcast(metrics)
+        self.stopped = self.check_health({"step": update, **metrics})
+        self._agree_on_signal()
+        every = self.cfg.checkpoint.every
+        return bool((every and update % every == 0) or update == self.cfg.updates or self.stopped or self._signal)
+
+    def _checkpoint_step(self, update: int) -> None:
+        self.phase("checkpoint", update)
+        t0 = time.perf_counter()
+        self.checkpoint()
+        self.checkpoint_seconds.append(time.perf_counter() - t0)
 
     def _staleness(self, update: int, episodes: list[Episode]) -> dict[str, float]:
         """How many versions behind the learner (update - 1 updates applied) the batch is; over the bound: a bug."""

@@ -62,6 +62,82 @@ def train(cfg: TrainConfig, monitor: Monitor | None = None, decisions: dict[str,
     return Trainer(cfg, monitor=monitor, start=start, decisions=decisions, resume=resume, overwrite=overwrite).train()
 
 
+def run_sft(cfg: TrainConfig, out: str | Path, data: str | None = None, lora_r: int = 0,
+            say: Callable[[str], None] | None = None) -> tuple[Any, str | None]:
+    """Stage one alone (`agentrl sft`): fine-tune on demonstrations and save an HF folder to `out`; returns the
+    held-out result of what was saved and the warm start's advice (None when it leaves RL something to learn).
+
+    Without `cfg.model` or `data`: the tiny policy's cached warm start (`agentrl.stages.warm_start`), copied to
+    `out`. Otherwise the demonstrations come from `data` (agentrl's or TRL's conversational JSONL) or from the
+    env's scripted expert, and `cfg.model` (with LoRA adapters of rank `lora_r`, merged before saving) or the
+    tiny policy built from the data's own text is fine-tuned on them. A file that holds nothing usable, or a
+    demonstration longer than the model's context, is a `DataError` naming where."""
+    import shutil
+
+    from agentrl.health import warm_start_advice
+    from agentrl.stages.data import DataError, load_conversations, to_episode
+    from agentrl.stages.sft import collect_demos, progress_lines, sft, tiny_policy_from_conversations
+    from agentrl.trainer import evaluate
+
+    say = say or agentrl_log.say(__name__)
+    out = Path(out)
+    if cfg.model is None and data is None:
+        folder = warm_start(cfg.env.id, cfg.env.kwargs, cfg.tiny, cfg.sft, cfg.seed, say=say)
+        shutil.copytree(folder, out, dirs_exist_ok=True)
+        policy = Policy.load(out)
+    else:
+        env = make(cfg.env.id, **cfg.env.kwargs)
+        convs = load_conversations(data, env.system_prompt, env.tool_schemas()) if data else []
+        if cfg.model is not None:
+            policy = Policy.load(cfg.model, tool_format=cfg.tool_format)
+        else:
+            say(f"sft: building the tiny policy and its tokenizer from the {len(convs)} demonstrations in {data}")
+            policy = tiny_policy_from_conversations([c for _, c in convs], out, cfg.tiny, seed=cfg.seed)
+        if data:
+            demos = [to_episode(c, policy.chat, group_id=n) for n, c in convs]
+        else:
+            noise = cfg.sft.noise
+            if noise == "auto":
+                noise = type(cfg.sft).model_fields["noise"].default
+                say(f"sft: noise auto with --model -> {noise:g}: probing slip rates by repeated SFT is done for the "
+                    "tiny policy only (a loaded model's SFT is too long to repeat); the held-out check after SFT says "
+                    "whether this warm start leaves RL something to learn")
+            demos = collect_demos(lambda: make(cfg.env.id, **cfg.env.kwargs), policy.chat,
+                                  list(range(20_000_000, 20_000_000 + cfg.sft.episodes)), noise)
+        context = getattr(policy.model.config, "max_position_embeddings", None)
+        longest = max(range(len(demos)), key=lambda i: len(demos[i].token_ids()))
+        if context is not None and len(demos[longest].token_ids()) > context:
+            where = f"{data}:{convs[longest][0]}" if data else f"demonstration {longest}"
+            raise DataError(f"{where}: {len(demos[longest].token_ids())} tokens, longer than the model's context "
+                            f"({context})" + ("; raise --tiny.max-position-embeddings" if cfg.model is None else ""))
+        model = policy.model
+        if lora_r:
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=2 * lora_r, target_modules="all-linear",
+                                                     lora_dropout=0.0))
+        lr = cfg.sft.lr_for(pretrained=cfg.model is not None)
+        tokens = sum(len(d.token_ids()) for d in demos)
+        say(f"sft: {len(demos)} demonstrations ({tokens:,} tokens) x {cfg.sft.epochs} epochs, batch "
+            f"{cfg.sft.batch_size}, lr {lr:g}" + (" (the tiny policy's, from scratch)" if cfg.model is None else ""))
+        metrics = sft(model, demos, policy.chat.pad_id, epochs=cfg.sft.epochs, lr=lr, batch_size=cfg.sft.batch_size,
+                      seed=cfg.seed, log=progress_lines(say))
+        if lora_r:
+            policy.model = model.merge_and_unload()  # an ordinary HF folder, loadable without peft
+        policy.save(out)
+        metrics.update({"demonstrations": len(demos), "demo_pass_rate": sum(d.passed for d in demos) / len(demos),
+                        "data": data})
+        (out / "warm_start.json").write_text(json.dumps(metrics, indent=2))
+        say(f"sft: loss {metrics['sft/loss']:.4f} after {metrics['sft/steps']} steps in {metrics['sft/seconds']:.0f}s")
+    result = evaluate(cfg, policy, None, getattr(policy.model.config, "max_position_embeddings", 2048), say=say)
+    say(f"held-out pass rate on {cfg.env.id} {result.pass_rate:.3f} over {result.episodes} episodes; model saved to "
+        f"{out}")
+    record = json.loads((out / "warm_start.json").read_text()) if (out / "warm_start.json").is_file() else {}
+    advice = warm_start_advice(result.pass_rate, result.episodes, record.get("demo_pass_rate"),
+                               tuple(cfg.sft.useful_band))
+    return result, advice
+
+
 def collect_groups(cfg: TrainConfig, policy: Policy, groups: int, group_size: int, seed: int) -> list:
     """Fresh training-range tasks, `group_size` episodes each, sampled from `policy`."""
     from agentrl.trainer import make_engine
