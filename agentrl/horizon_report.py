@@ -15,14 +15,13 @@
 
 from __future__ import annotations
 
-import base64
 import html as html_lib
-import io
 import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agentrl.pages import figure, page, png, pyplot
 from agentrl.probe import BakeoffRun, ProbeResult
 
 # (label, field of ProbeStats, format) in the order the console, the markdown and the page show them
@@ -63,23 +62,9 @@ def stat_rows(result: ProbeResult) -> list[tuple[str, str]]:
 # Plots
 
 
-def _png(fig: Any) -> bytes:
-    import matplotlib.pyplot as plt
-
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    return buf.getvalue()
-
-
 def figures(result: ProbeResult, bakeoff: Sequence[BakeoffRun] | None = None) -> dict[str, bytes]:
     """The report's plots as PNG bytes, by file name."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display, and no GUI toolkit to import
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     s, c, th = result.stats, result.curves, result.thresholds
     out: dict[str, bytes] = {}
 
@@ -94,7 +79,7 @@ def figures(result: ProbeResult, bakeoff: Sequence[BakeoffRun] | None = None) ->
     ax.set_ylabel("episodes")
     ax.set_title("Turns per episode")
     ax.legend(fontsize=8)
-    out["turns.png"] = _png(fig)
+    out["turns.png"] = png(fig)
 
     fig, ax = plt.subplots(figsize=(5.5, 3.2))
     x = list(range(1, len(c.return_by_turn) + 1))
@@ -106,7 +91,7 @@ def figures(result: ProbeResult, bakeoff: Sequence[BakeoffRun] | None = None) ->
     ax.set_ylabel("mean over episodes reaching k")
     ax.set_title("Reward and value by turn")
     ax.legend(fontsize=8)
-    out["by_turn.png"] = _png(fig)
+    out["by_turn.png"] = png(fig)
 
     fig, ax = plt.subplots(figsize=(5.5, 3.2))
     if c.concentration:
@@ -122,14 +107,14 @@ def figures(result: ProbeResult, bakeoff: Sequence[BakeoffRun] | None = None) ->
     ax.set_ylabel("max|d_k| / sum|d_k|")
     ax.set_ylim(0, 1.05)
     ax.set_title("Value-change concentration")
-    out["concentration.png"] = _png(fig)
+    out["concentration.png"] = png(fig)
 
     fig, ax = plt.subplots(figsize=(5.5, 3.2))
     names = list(c.group_counts)
     ax.bar(names, [c.group_counts[n] for n in names], color=["#55a868", "#c44e52", "#4c72b0"][: len(names)])
     ax.set_ylabel("groups")
     ax.set_title(f"Zero-advantage groups: {s.zero_adv_frac:.0%} (limit {th.max_zero_adv_frac:.0%})")
-    out["zero_adv.png"] = _png(fig)
+    out["zero_adv.png"] = png(fig)
 
     if bakeoff:
         fig, ax = plt.subplots(figsize=(5.5, 3.2))
@@ -142,7 +127,7 @@ def figures(result: ProbeResult, bakeoff: Sequence[BakeoffRun] | None = None) ->
         ax.set_ylim(0, 1)
         ax.set_title("Bakeoff: learning curves from the same start")
         ax.legend(fontsize=7)
-        out["bakeoff.png"] = _png(fig)
+        out["bakeoff.png"] = png(fig)
     return out
 
 
@@ -228,9 +213,7 @@ def to_html(result: ProbeResult, bakeoff: Sequence[BakeoffRun] | None = None,
     """One self-contained page: inline CSS, plots as data URIs, nothing to fetch."""
     e = html_lib.escape
     rec = result.recommendation
-    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8"><title>Horizon report</title>',
-             f"<style>{STYLE}</style></head><body>",
-             "<h1>Horizon report</h1>", f'<p class="muted">Source: {e(result.source)}</p>',
+    parts = ["<h1>Horizon report</h1>", f'<p class="muted">Source: {e(result.source)}</p>',
              f'<div class="rec"><b>Recommended assigner: <code>{e(rec.algo)}</code></b> (rule '
              f'<code>{e(rec.rule)}</code>)<br>{e(rec.reason)}</div>']
     if rec.advice:
@@ -257,13 +240,9 @@ def to_html(result: ProbeResult, bakeoff: Sequence[BakeoffRun] | None = None,
         parts.append("</table>")
     if images:
         parts.append('<h2>Plots</h2><div class="plots">')
-        for name, png in images.items():
-            data = base64.b64encode(png).decode("ascii")
-            parts.append(f'<figure><img alt="{e(name)}" src="data:image/png;base64,{data}">'
-                         f"<figcaption>{e(CAPTIONS.get(name, name))}</figcaption></figure>")
+        parts += [figure(name, data, CAPTIONS.get(name, name)) for name, data in images.items()]
         parts.append("</div>")
-    parts.append("</body></html>")
-    return "\n".join(parts)
+    return page("Horizon report", STYLE, parts)
 
 
 def write_report(result: ProbeResult, out: str | Path, bakeoff: Sequence[BakeoffRun] | None = None) -> dict[str, Path]:
@@ -271,8 +250,8 @@ def write_report(result: ProbeResult, out: str | Path, bakeoff: Sequence[Bakeoff
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     images = figures(result, bakeoff)
-    for name, png in images.items():
-        (out / name).write_bytes(png)
+    for name, image in images.items():
+        (out / name).write_bytes(image)
     data = {"probe": result.model_dump(mode="json"), "bakeoff": [b.model_dump(mode="json") for b in bakeoff or []]}
     paths = {"json": out / "report.json", "md": out / "report.md", "html": out / "report.html"}
     paths["json"].write_text(json.dumps(data, indent=1))

@@ -15,7 +15,6 @@ a run without them (older, or logged elsewhere) is replayed through `agentrl.hea
 
 from __future__ import annotations
 
-import base64
 import html
 import json
 import math
@@ -26,6 +25,7 @@ from typing import Any
 import yaml
 
 from agentrl.health import ALARMS, ENTROPY_COLLAPSE, KL_DRIFT, HealthConfig, alarm_spans, replay, series
+from agentrl.pages import figure, page, png, pyplot, table
 
 Row = dict[str, Any]
 # (file name, title, [(metric, label)], y label)
@@ -95,11 +95,7 @@ def _colour(alarm: str) -> str:
 def plot(rows: Sequence[Row], name: str, title: str, lines: Sequence[tuple[str, str]], ylabel: str,
          spans: dict[str, list[tuple[float, float]]], folder: Path, hc: HealthConfig) -> Path | None:
     """One PNG: the metrics of `lines` over steps, alarm spans shaded. None if no metric is logged."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # headless: reports are made on servers and in CI
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     data = {key: [(s, v) for s, v in series(rows, key) if not (key != "eval/pass_rate" and s == 0)] for key, _ in lines}
     if key_final := [r for r in rows if r.get("final") and "eval/pass_rate" in r]:
         if "eval/pass_rate" in data:
@@ -141,10 +137,8 @@ def plot(rows: Sequence[Row], name: str, title: str, lines: Sequence[tuple[str, 
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
     path = folder / f"{name}.png"
-    fig.savefig(path)
-    plt.close(fig)
+    path.write_bytes(png(fig))
     return path
 
 
@@ -212,11 +206,9 @@ def write_report(run_dir: Path | str, out: Path | str | None = None) -> dict[str
 
     config = (run / "config.yaml").read_text() if (run / "config.yaml").is_file() else ""
     md = _markdown(facts, timeline, actions, last_metrics, pngs, out_dir) + _config_md(config)
-    page = _html(facts, timeline, actions, last_metrics, pngs)
-    page = page.replace("</body></html>", _config_html(config) + "</body></html>")
     md_path, html_path = out_dir / "report.md", out_dir / "report.html"
     md_path.write_text(md)
-    html_path.write_text(page)
+    html_path.write_text(_html(facts, timeline, actions, last_metrics, pngs, config))
     return {"markdown": md_path, "html": html_path, "plots": pngs}
 
 
@@ -244,34 +236,26 @@ def _config_html(config: str) -> str:
     return f"<h2>Resolved config</h2><details><summary>config.yaml</summary><pre>{html.escape(config)}</pre></details>"
 
 
-def _html(facts, timeline, actions, last_metrics, pngs) -> str:
+CSS = ("body{font-family:system-ui,sans-serif;max-width:980px;margin:2em auto;color:#222}"
+       "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;"
+       "text-align:left}img{max-width:100%;display:block;margin:.6em 0}figure{margin:0}"
+       ".alarm{color:#b00;font-weight:bold}.ok{color:#070}")
+
+
+def _html(facts, timeline, actions, last_metrics, pngs, config: str = "") -> str:
     """One file, no external resource: CSS inline, every PNG embedded as base64."""
     e = html.escape
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>agentrl run report</title><style>",
-             "body{font-family:system-ui,sans-serif;max-width:980px;margin:2em auto;color:#222}",
-             "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px "
-             "8px;font-size:13px;text-align:left}",
-             "img{max-width:100%;display:block;margin:.6em 0}.alarm{color:#b00;font-weight:bold}.ok{color:#070}",
-             "</style></head><body><h1>Run report</h1><table>"]
-    parts += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in facts]
-    parts.append("</table><h2>Alarm timeline</h2>")
+    parts = ["<h1>Run report</h1>", table(facts, th_first=True), "<h2>Alarm timeline</h2>"]
     if timeline:
-        parts.append("<table><tr><th>alarm</th><th>updates</th><th>why (first time)</th></tr>")
-        parts += [f"<tr><td class='alarm'>{e(n)}</td><td>{e(s)}</td><td>{e(w)}</td></tr>" for n, s, w in timeline]
-        parts.append("</table>")
+        parts.append(table(timeline, header=("alarm", "updates", "why (first time)"), first_class="alarm"))
     else:
         parts.append("<p class='ok'>No alarm fired.</p>")
     parts.append("<h2>Interventions</h2>")
     parts.append("<ul>" + "".join(f"<li>step {e(str(s))}: {e(a)}</li>" for s, a in actions) + "</ul>" if actions
                  else "<p>None acted.</p>")
-    parts.append("<h2>Last update</h2><table>"
-                 + "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in last_metrics) + "</table>")
-    parts.append("<h2>Plots</h2>")
-    for p in pngs:
-        data = base64.b64encode(p.read_bytes()).decode("ascii")
-        parts.append(f"<img alt='{e(p.stem)}' src='data:image/png;base64,{data}'>")
-    parts.append("</body></html>")
-    return "\n".join(parts)
+    parts += ["<h2>Last update</h2>", table(last_metrics, th_first=True), "<h2>Plots</h2>"]
+    parts += [figure(p.stem, p.read_bytes()) for p in pngs]
+    return page("agentrl run report", CSS, [*parts, _config_html(config)])
 
 
 __all__ = ["read_metrics", "write_report"]

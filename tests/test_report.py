@@ -47,7 +47,7 @@ def test_the_html_is_self_contained(tmp_path):
                     summary={"updates": 3200, "warm_start_pass_rate": 0.4, "final_pass_rate": 0.79, "algo": "grpo",
                                                      "env": "agentrl/Vault-v0", "wall_s": 12.0})
     page = write_report(run)["html"].read_text()
-    images = re.findall(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", page)
+    images = re.findall(r"src=['\"]data:image/png;base64,([A-Za-z0-9+/=]+)['\"]", page)
     assert len(images) == 6 and all(base64.b64decode(i).startswith(PNG) for i in images)
     assert not re.search(r"(src|href)=['\"]?(http|//|[\w./-]+\.(png|css|js))", page)  # nothing fetched from elsewhere
     assert "finished: 3200 updates" in page and "ENTROPY COLLAPSE" in page
