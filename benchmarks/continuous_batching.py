@@ -35,14 +35,12 @@ and 15 minute load averages when the run ended): figures taken on a loaded machi
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
+from benchlib import parser, report
 
 from agentrl.engines import SamplingConfig, TorchEngine
 from agentrl.policy import Policy, TinyModelConfig, build_tiny_policy
@@ -77,12 +75,11 @@ class Clock:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, quick="64 episodes through 16 rows")
     ap.add_argument("--episodes", type=int, default=256)
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=8)
-    ap.add_argument("--quick", action="store_true", help="64 episodes through 16 rows")
     ap.add_argument("--out", default="/tmp/agentrl-bench-continuous")
     args = ap.parse_args()
     if args.quick:
@@ -122,7 +119,7 @@ def main() -> None:
     tokens = sum(len(e.token_ids()) for e in refill)
     n = len(refill)
     ratio = baseline_t.wall / refill_t.wall
-    result = {"benchmark": "continuous_batching", "episodes": n, "rows": args.rows, "group_size": args.group_size,
+    result = {"episodes": n, "rows": args.rows, "group_size": args.group_size,
               "locks": locks, "turns_total": sum(e.num_turns for e in refill), "tokens": tokens, "quick": args.quick,
               "threads": torch.get_num_threads(), "loadavg": [round(x, 2) for x in os.getloadavg()],
               "refill_s": round(refill_t.wall, 3), "baseline_s": round(baseline_t.wall, 3),
@@ -136,10 +133,7 @@ def main() -> None:
     print(f"{n} episodes through {args.rows} rows: refill {refill_t.wall:.2f} s ({refill_t.cpu:.2f} CPU s), "
           f"batches to completion {baseline_t.wall:.2f} s ({baseline_t.cpu:.2f} CPU s): {ratio:.2f}x; "
           f"refill over one window {one_window_t.wall:.2f} s ({one_window_t.cpu:.2f} CPU s)")
-    Path(__file__).parent.joinpath("results").mkdir(exist_ok=True)
-    Path(__file__).parent.joinpath("results", "continuous_batching.json").write_text(
-        json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result))
+    report("continuous_batching", result, quick=args.quick)
 
 
 if __name__ == "__main__":

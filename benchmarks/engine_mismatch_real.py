@@ -17,7 +17,6 @@ benchmarks/results/engine_mismatch_real.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_runs import machine  # noqa: E402
+from benchlib import parser, report  # noqa: E402
 
 from agentrl.config import TrainConfig  # noqa: E402
 from agentrl.mismatch import stats as mismatch_stats  # noqa: E402
@@ -64,15 +63,15 @@ def arm(dtype: str, policy: Policy, a: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="2 episodes per arm, 24 new tokens")
+    p = parser(__doc__, quick="2 episodes per arm, 24 new tokens")
     p.add_argument("--episodes", type=int, default=None, help="episodes per arm (default 8; quick 2)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="per turn (default 48; quick 24)")
     p.add_argument("--env", default="examples/custom_env.py:Arithmetic")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cap", type=float, default=2.0, help="C of the [1/C, C] band for the out-of-band shares")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    p.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "engine_mismatch_real.json"))
+    p.add_argument("--results", default=None, help="where the JSON goes (default results/engine_mismatch_real"
+                   "[_quick].json)")
     a = p.parse_args()
     a.episodes = a.episodes or (2 if a.quick else 8)
     a.max_new_tokens = a.max_new_tokens or (24 if a.quick else 48)
@@ -88,12 +87,10 @@ def main() -> None:
     fp32, bf16 = arms["auto"]["kl_k3"], arms["bf16"]["kl_k3"]
     ratio = round(bf16 / fp32, 1) if fp32 > 0 else None  # None: the fp32 engine measured exactly 0
     print(f"bf16 engine's k3 KL / fp32 engine's: {ratio}")
-    result = {"benchmark": "engine_mismatch_real", "model": MODEL, "env": a.env, "quick": a.quick,
-              "episodes": a.episodes, "max_new_tokens": a.max_new_tokens, "seed": a.seed, "arms": arms,
-              "machine": {**machine(), "loadavg_1min_start": load}, "ratio": ratio,
-              "command": " ".join(["python", "benchmarks/engine_mismatch_real.py", *sys.argv[1:]])}
-    Path(a.results).write_text(json.dumps(result, indent=1))
-    print(json.dumps(result))
+    report("engine_mismatch_real", {"model": MODEL, "env": a.env, "quick": a.quick, "episodes": a.episodes,
+                                    "max_new_tokens": a.max_new_tokens, "seed": a.seed, "arms": arms,
+                                    "machine": {"loadavg_1min_start": load}, "ratio": ratio},
+           quick=a.quick, path=a.results)
 
 
 if __name__ == "__main__":

@@ -13,15 +13,13 @@ Last line: one JSON object with the figures, `ratio` among them (cached speed / 
 
 from __future__ import annotations
 
-import argparse
 import collections
-import json
 import os
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
+from benchlib import parser, report
 
 from agentrl.engines import SamplingConfig, ScriptedEngine, TorchEngine
 from agentrl.engines.torch_engine import TorchSession
@@ -30,7 +28,6 @@ from agentrl.registry import make
 from agentrl.rollout import rollout
 from agentrl.stages.sft import expert_texts
 
-RESULTS = Path(__file__).parent / "results" / "kv_cache.json"
 
 class Replay(TorchEngine):
     """The torch engine, its sessions replaying recorded actions: row r's k-th action is actions[r][k],
@@ -107,12 +104,11 @@ class ReencodeSession:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, quick="16 episodes, 1 repeat, 1 thread: a check, not figures")
     ap.add_argument("--locks", type=int, default=8)
     ap.add_argument("--episodes", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="/tmp/agentrl-bench-kv")
-    ap.add_argument("--quick", action="store_true", help="16 episodes, 1 repeat, 1 thread: a check, not figures")
     args = ap.parse_args()
     if args.quick:
         args.episodes, args.repeats = 16, 1
@@ -171,10 +167,7 @@ def main() -> None:
           f"{result['cached_tokens_per_s']:.0f} action tokens/s, re-encoding each turn "
           f"{result['reencode_tokens_per_s']:.0f} tokens/s -> {result['ratio']:.2f}x (log-probs agree to "
           f"{lp_diff:.1e})")
-    if not args.quick:  # the figure the README quotes
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result))
+    report("kv_cache", result, quick=args.quick)  # a quick run beside the committed figure, never over it
 
 
 if __name__ == "__main__":

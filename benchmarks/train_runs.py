@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchlib import machine  # noqa: F401 (the benchmarks import it from here too)
+
 
 def train(out: Path, seed: int, updates: int, eval_episodes: int, extra: list[str], threads: int) -> dict:
     """`agentrl train` on its defaults with `extra` flags, torch on `threads` threads; the run's figures."""
@@ -39,8 +41,3 @@ def train(out: Path, seed: int, updates: int, eval_episodes: int, extra: list[st
 def spread(values: list[float]) -> float | None:
     return max(values) - min(values) if len(values) > 1 else None
 
-
-def machine() -> dict:
-    import platform
-
-    return {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_1min": round(os.getloadavg()[0], 2)}

@@ -1,0 +1,42 @@
+"""What every benchmark here does the same way: its command line (the module docstring as `--help`, a
+`--quick` mode), the machine it ran on, and its result: one JSON object written to `results/<name>.json`
+(a quick run to `results/<name>_quick.json`, so it never overwrites the committed figures) and printed as
+the last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def parser(doc: str | None, quick: str | None = None) -> argparse.ArgumentParser:
+    """The benchmark's argument parser, its docstring shown as written; with `quick`, a `--quick` flag so described."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if quick:
+        ap.add_argument("--quick", action="store_true", help=quick)
+    return ap
+
+
+def machine() -> dict[str, Any]:
+    """The machine, and its load when asked: a timing taken under load is not a figure."""
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_1min": round(os.getloadavg()[0], 2)}
+
+
+def report(name: str, result: dict[str, Any], quick: bool = False, path: str | Path | None = None) -> Path:
+    """Add the machine and the command to `result`, write it (to `path`, else `results/<name>[_quick].json`)
+    and print it as one JSON line, the benchmark's last; returns where it was written."""
+    result = {"benchmark": name, **result, "machine": {**machine(), **result.get("machine", {})},
+              "command": " ".join(["python", f"benchmarks/{Path(sys.argv[0]).name}", *sys.argv[1:]])}
+    out = Path(path) if path else RESULTS / f"{name}{'_quick' if quick else ''}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result))
+    return out
