@@ -467,39 +467,15 @@ def cmd_dpo(argv: Sequence[str]) -> int:
     cmd = _parse(DPOCommand, argv, "agentrl dpo", "Stage two: preference optimisation (DPO, SimPO, IPO) on multi-turn "
                  "episodes; only action tokens count, observations are masked.")
     _single_process("dpo")
-    import copy
-    import json
+    from agentrl.stages.data import DataError
+    from agentrl.stages.pipeline import run_dpo
 
-    from agentrl.policy import Policy
-    from agentrl.stages.data import DataError, load_pairs
-    from agentrl.stages.dpo import pairs_from_episodes, train_preferences
-    from agentrl.stages.pipeline import collect_groups
-
-    dcfg = cmd.dpo
+    if not cmd.pairs:
+        _check_env(cmd.env.id, cmd.env.kwargs)
     try:
-        policy = Policy.load(cmd.model)
-        if cmd.pairs:
-            pairs, counts = load_pairs(cmd.pairs, policy.chat)
-        else:
-            _check_env(cmd.env.id, cmd.env.kwargs)
-            cfg = TrainConfig(env=cmd.env, seed=cmd.seed)
-            pairs, counts = pairs_from_episodes(collect_groups(cfg, policy, dcfg.groups, dcfg.group_size, cmd.seed),
-                                                dcfg.max_pairs_per_group)
-            if not pairs:
-                raise UsageError(f"no pairs: all {counts['groups']} groups were all-pass or all-fail; raise "
-                                 "--dpo.groups or start from a policy with a pass rate in (0, 1)")
+        run_dpo(cmd.model, cmd.out, cmd.dpo, pairs_file=cmd.pairs, env=cmd.env, seed=cmd.seed)
     except (DataError, OSError) as e:
         raise UsageError(str(e)) from None
-    print(f"{len(pairs)} pairs ({', '.join(f'{k} {v}' for k, v in counts.items())})")
-    reference = copy.deepcopy(policy.model).eval().requires_grad_(False) if dcfg.loss != "simpo" else None
-    out = Path(cmd.out)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "dpo_metrics.jsonl", "w") as log:
-        metrics = train_preferences(policy.model, reference, pairs, policy.chat.pad_id, dcfg, cmd.seed,
-                                    log=lambda m: log.write(json.dumps(m) + "\n"))
-    policy.save(out)
-    print(f"{dcfg.loss}: loss {metrics['dpo/loss']:.4f}, margin {metrics['dpo/margin']:.3f}, "
-          f"accuracy {metrics['dpo/accuracy']:.2f}; saved to {out}")
     return 0
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 import agentrl.log as agentrl_log
-from agentrl.config import TrainConfig
+from agentrl.config import EnvConfig, TrainConfig
 from agentrl.distributed import Ranks
 from agentrl.monitor import Monitor
 from agentrl.policy import Policy
@@ -136,6 +136,38 @@ def run_sft(cfg: TrainConfig, out: str | Path, data: str | None = None, lora_r: 
     advice = warm_start_advice(result.pass_rate, result.episodes, record.get("demo_pass_rate"),
                                tuple(cfg.sft.useful_band))
     return result, advice
+
+
+def run_dpo(model: str | Path, out: str | Path, dpo: DPOConfig, pairs_file: str | None = None,
+            env: EnvConfig | None = None, seed: int = 0, say: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Stage two alone (`agentrl dpo`): preference optimisation of `model` (also the frozen reference, except for
+    SimPO, which has none) on pairs from `pairs_file` or, without one, from the policy's own rollouts on `env` (a
+    passing against a failing episode of one task); saves the tuned model and dpo_metrics.jsonl to `out` and
+    returns the last metrics. A file that holds no pairs, or rollouts that make none, is a `DataError`."""
+    from agentrl.stages.data import DataError, load_pairs
+
+    say = say or agentrl_log.say(__name__)
+    policy = Policy.load(model)
+    if pairs_file:
+        pairs, counts = load_pairs(pairs_file, policy.chat)
+    else:
+        cfg = TrainConfig(env=env or EnvConfig(), seed=seed)
+        pairs, counts = pairs_from_episodes(collect_groups(cfg, policy, dpo.groups, dpo.group_size, seed),
+                                            dpo.max_pairs_per_group)
+        if not pairs:
+            raise DataError(f"no pairs: all {counts['groups']} groups were all-pass or all-fail; raise --dpo.groups "
+                            "or start from a policy with a pass rate in (0, 1)")
+    say(f"{len(pairs)} pairs ({', '.join(f'{k} {v}' for k, v in counts.items())})")
+    reference = copy.deepcopy(policy.model).eval().requires_grad_(False) if dpo.loss != "simpo" else None
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "dpo_metrics.jsonl", "w") as log:
+        metrics = train_preferences(policy.model, reference, pairs, policy.chat.pad_id, dpo, seed,
+                                    log=lambda m: log.write(json.dumps(m) + "\n"))
+    policy.save(out)
+    say(f"{dpo.loss}: loss {metrics['dpo/loss']:.4f}, margin {metrics['dpo/margin']:.3f}, accuracy "
+        f"{metrics['dpo/accuracy']:.2f}; saved to {out}")
+    return metrics
 
 
 def collect_groups(cfg: TrainConfig, policy: Policy, groups: int, group_size: int, seed: int) -> list:
