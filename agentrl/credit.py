@@ -14,12 +14,14 @@ truncations) and diagnostics for the `credit/` metrics. The trainer looks assign
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
 from agentrl.algorithms.configs import CriticConfig
+from agentrl.core import Episode
 from agentrl.store import TurnBatch
 
 
@@ -130,6 +132,32 @@ def group_advantages(
         "zero_mask": zero,
     }
     return A, stats
+
+
+def state_groups(episodes: Sequence[Episode]) -> dict[tuple[int, str], list[tuple[int, int]]]:
+    """GiGPO's step groups: every turn, as (episode index, turn index), under its (group_id, state_key); a
+    turn without a state_key is in none. The probe's state recurrence and gigpo's credit read the same groups.
+
+    >>> from agentrl.core import Turn
+    >>> eps = [Episode([0], [Turn(0, [1], [0.0], [1], state_key=k) for k in keys], group_id=0)
+    ...        for keys in (["a", "b"], ["a", "c"])]
+    >>> groups = state_groups(eps)
+    >>> groups[(0, "a")], state_recurrence(groups)
+    ([(0, 0), (1, 0)], 0.5)
+    """
+    groups: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    for b, episode in enumerate(episodes):
+        for k, turn in enumerate(episode.turns):
+            if turn.state_key is not None:
+                groups.setdefault((episode.group_id, turn.state_key), []).append((b, k))
+    return groups
+
+
+def state_recurrence(groups: dict[tuple[int, str], list[tuple[int, int]]]) -> float | None:
+    """The share of the grouped turns whose state another turn of their group shares (a step group of two or
+    more, where gigpo has a step advantage to give); None when no turn has a state_key."""
+    n = sum(len(members) for members in groups.values())
+    return sum(len(m) for m in groups.values() if len(m) > 1) / n if n else None
 
 
 def tokens_from_episodes(adv: torch.Tensor, batch: TurnBatch) -> torch.Tensor:

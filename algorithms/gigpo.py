@@ -16,7 +16,15 @@ import torch
 
 from agentrl.algorithms.configs import GiGPOConfig
 from agentrl.algorithms.grpo import GRPO
-from agentrl.credit import Credit, Fit, discounted_returns, tokens_from_turns, turn_rewards
+from agentrl.credit import (
+    Credit,
+    Fit,
+    discounted_returns,
+    state_groups,
+    state_recurrence,
+    tokens_from_turns,
+    turn_rewards,
+)
 from agentrl.store import TurnBatch
 
 
@@ -28,24 +36,20 @@ class GiGPO(GRPO):
         mask = batch.turn_mask
         G = discounted_returns(turn_rewards(batch, self.cfg.use_step_rewards), mask, self.cfg.gamma)
         A_step = torch.zeros_like(G)
-        step_groups: dict[tuple[int, str], list[tuple[int, int]]] = {}
-        for b, ep in enumerate(batch.episodes):
+        for ep in batch.episodes:
             for k, turn in enumerate(ep.turns):
                 if turn.state_key is None:
                     raise ValueError(f"gigpo needs state_key; {ep.env_id or 'the environment'} reports none (turn {k} "
                                      f"of {ep.task_id})")
-                step_groups.setdefault((int(batch.group_ids[b]), turn.state_key), []).append((b, k))
-        sizes = []
+        step_groups = state_groups(batch.episodes)
         for members in step_groups.values():
-            sizes.append(len(members))
             if len(members) < 2:
                 continue
             rows, cols = zip(*members)
             g = G[list(rows), list(cols)]
             A_step[list(rows), list(cols)] = (g - g.mean()) / (g.std() + 1e-6)
-        n_turns = max(int(mask.sum()), 1)
-        return A_step, {"step_groups": float(len(step_groups)),
-                        "state_recurrence": float(sum(s for s in sizes if s > 1) / n_turns)}
+        recurrence = state_recurrence(step_groups) or 0.0
+        return A_step, {"step_groups": float(len(step_groups)), "state_recurrence": recurrence}
 
     def assign(self, batch: TurnBatch, fit: Fit) -> Credit:
         A, weight, metrics = self.episode_advantages(batch)

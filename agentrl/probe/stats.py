@@ -86,16 +86,7 @@ def state_recurrence(episodes: Sequence[Episode]) -> float | None:
     """Fraction of turns whose (group, state_key) another turn in the group shares: gigpo's step
     groups of two or more (the figure gigpo logs as credit/state_recurrence). None when no turn
     carries a state_key (gigpo itself refuses such a batch)."""
-    counts: dict[tuple[int, str], int] = defaultdict(int)
-    n = 0
-    for e in episodes:
-        for t in e.turns:
-            if t.state_key is not None:
-                counts[(e.group_id, t.state_key)] += 1
-                n += 1
-    if n == 0:
-        return None
-    return sum(c for c in counts.values() if c > 1) / n
+    return credit.state_recurrence(credit.state_groups(episodes))
 
 
 def post_observation_entropy(episodes: Sequence[Episode]) -> float | None:
