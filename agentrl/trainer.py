@@ -597,9 +597,9 @@ class Trainer:
         the step is the one-process step (the loss is scaled by the number of ranks to undo DDP's mean)."""
         cfg, ranks = self.cfg, self.ranks
         loss_cfg = self.loss_config()  # the knobs' coefficients
-        rows = (credit.row_weight > 0).nonzero(as_tuple=True)[0]
-        if len(rows) == 0 or float(credit.advantages.abs().sum()) == 0.0:
+        if _nothing_to_train(credit):
             return {"train/skipped": 1.0, "train/trained_episodes": 0.0}
+        rows = (credit.row_weight > 0).nonzero(as_tuple=True)[0]
         device = self.accelerator.device
         batch = batch.select(rows).with_(advantages=credit.advantages[rows])  # travels with select() and trim() below
         mine = torch.ones(batch.size, dtype=torch.bool) if owner is None else owner[rows] == ranks.rank
@@ -918,6 +918,11 @@ class Trainer:
             batch, owner = self._score_step(update, episodes, metrics)
             credit = self._credit_step(batch, metrics)
             metrics.update(self.knobs.metrics())  # the knobs this update ran with
+            if batch.sampler_logp is None and _nothing_to_train(credit):
+                # the gap is measured on the first step's forwards, and this update takes none: one forward here,
+                # so that a run at the floor (a real model before SFT) still logs its engine's mismatch
+                scored = batch.with_(sampler_logp=self.sampler_logp(batch, update, owner))
+                metrics.update(self.mismatch_metrics(scored, torch.ones(batch.size, dtype=torch.bool)))
             metrics.update(self.optimize(batch, credit, owner))
             self._say_critic_only(update, metrics)
             self._sync_step(update, ahead)
@@ -1063,6 +1068,11 @@ class Trainer:
         self.monitor.close(summary)
         self.phase("done", done)
         return summary
+
+
+def _nothing_to_train(credit: Credit) -> bool:
+    """No episode kept, or every advantage zero: the update takes no optimizer step."""
+    return not bool((credit.row_weight > 0).any()) or float(credit.advantages.abs().sum()) == 0.0
 
 
 def _is_weight(batch: TurnBatch, cap: float) -> torch.Tensor:

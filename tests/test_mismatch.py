@@ -162,3 +162,25 @@ def test_a_planted_gap_fires_engine_mismatch(tmp_path, vault_policy_dir, monkeyp
     assert all(r["mismatch/token_out_frac"] == 1.0 and r["mismatch/weight_mean"] == pytest.approx(2.0) for r in steps)
     assert all(r["health/engine_mismatch"] == 1.0 for r in steps)
     assert any(x.startswith("ENGINE MISMATCH: KL(engine || trainer)") for x in steps[0]["health/reasons"])
+
+
+def test_an_update_with_nothing_to_train_still_measures_the_engine_gap(tmp_path, vault_policy_dir, monkeypatch):
+    from test_e2e import small_config
+
+    import agentrl.trainer as trainer_module
+    from agentrl.credit import Credit
+    from agentrl.trainer import Trainer
+
+    trainer = Trainer(small_config(tmp_path, vault_policy_dir, rollout={"dtype": "bf16"}))
+    real = trainer.assigner.assign
+
+    def flat(batch, fit):  # every group all-pass or all-fail: a real model at the floor
+        credit = real(batch, fit)
+        return Credit(torch.zeros_like(credit.advantages), credit.row_weight, credit.metrics)
+
+    monkeypatch.setattr(trainer.assigner, "assign", flat)
+    assert trainer_module._nothing_to_train(Credit(torch.zeros(2, 3), torch.ones(2)))
+    trainer.train()
+    steps = _steps(tmp_path / "run")
+    assert all(r["train/skipped"] == 1.0 for r in steps)
+    assert all(r["mismatch/logp_diff_mean"] > 1e-5 and 0 < r["mismatch/ess"] <= 1 for r in steps)  # bf16's gap
