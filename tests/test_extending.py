@@ -174,3 +174,42 @@ def test_the_docs_alarm_and_intervention_work_as_printed():
     finally:
         ALARMS.pop("MALFORMED CALLS", None)
         INTERVENTIONS.pop("kl_brake", None)
+
+
+def test_the_docs_engine_registers_and_plays_its_one_call(tmp_path, monkeypatch, vault_policy):
+    import importlib
+    import sys
+
+    import agentrl.engines as engines
+    from agentrl.engines import SamplingConfig, get_engine_spec
+    from agentrl.registry import make
+    from agentrl.rollout import rollout
+
+    (block,) = docs_blocks("A generation engine")
+    (tmp_path / "my_pkg").mkdir()
+    (tmp_path / "my_pkg" / "__init__.py").write_text("")
+    (tmp_path / "my_pkg" / "constant_engine.py").write_text(block)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(engines, "ENGINES", dict(engines.ENGINES))  # the registration ends with the test
+    try:
+        importlib.import_module("my_pkg.constant_engine")
+        engine = get_engine_spec("constant").load()(vault_policy, SamplingConfig(max_new_tokens=64), seed=0)
+        envs = [make("examples/custom_env.py:Arithmetic") for _ in range(2)]
+        episodes, _ = rollout(envs, [0, 1], engine, vault_policy.chat)
+    finally:
+        for name in ("my_pkg.constant_engine", "my_pkg"):
+            sys.modules.pop(name, None)
+    # every row answers 0 at once: the episode ends after one turn, and 0 is never (a * b) + c with a, b, c >= 2
+    assert [(e.num_turns, e.terminated, e.reward) for e in episodes] == [(1, True, 0.0), (1, True, 0.0)]
+
+
+def test_the_docs_registration_of_a_built_in_env_gives_the_bare_env():
+    import gymnasium
+
+    registration, _mcp_env = docs_blocks("An environment")
+    try:
+        exec(registration, {})
+        spec = gymnasium.spec("agentrl/Name-v0")
+        assert spec.entry_point == "agentrl.envs.name:NameEnv" and spec.disable_env_checker and not spec.order_enforce
+    finally:
+        gymnasium.registry.pop("agentrl/Name-v0", None)

@@ -277,3 +277,23 @@ def test_a_few_updates_train_on_tools_served_by_an_mcp_server(env_file, tmp_path
     steps = [r for r in rows if r.get("step", 0) > 0 and not r.get("final")]
     assert len(steps) == 2 and all(r["rollout/episodes"] == 4 for r in steps)
     assert summary["final_pass_rate"] is not None
+
+
+def test_mcp_env_of_docs_extending_runs_as_printed(server_path, tmp_path, monkeypatch):
+    from test_extending import docs_blocks
+
+    _registration, block = docs_blocks("An environment")
+    (tmp_path / "arith_server.py").write_text(server_path.read_text())
+    monkeypatch.chdir(tmp_path)  # the docs start the server by its relative path
+    scope: dict = {}
+    exec(block, scope)
+    env = scope["SumEnv"]()
+    try:
+        env.reset(seed=0)
+        assert {t["function"]["name"] for t in env.tool_schemas()} == {"add", "answer"}  # the server's, the env's
+        total = env.step(call("add", a=env.a, b=env.b))[0]
+        assert total == str(env.a + env.b)
+        _, reward, terminated, _, _ = env.step(call("answer", value=int(total)))
+        assert (reward, terminated) == (1.0, True)
+    finally:
+        env.close()
