@@ -146,3 +146,14 @@ def test_progress_after_a_resume_counts_only_the_steps_run(tmp_path, vault_polic
     rate = float(lines[0].split("steps/s")[0].split()[-1])
     assert rate == pytest.approx(logged[0]["sft/steps_per_s"], rel=0.06, abs=0.06)
     assert torch.isfinite(torch.tensor(logged[-1]["sft/loss"]))
+
+
+def test_auto_with_sampling_error_leaves_the_default_only_for_a_reliably_better_warm_start():
+    # 9 of 64 at the default against 16 of 64 cleaner: 1.6 standard errors apart, within the noise
+    probes = Probes(lambda n: {0.35: 9 / 64, 0.175: 16 / 64}[n])
+    noise, tried, why = choose_noise(probes, 0.35, BAND, probes=3, episodes=64)
+    assert probes.built == [0.35, 0.175] and noise == 0.35 and "two standard errors of 64 episodes" in why
+    # the same rates over 512 episodes each are 4.6 standard errors apart: cleaner demonstrations win
+    assert choose_noise(Probes(lambda n: {0.35: 9 / 64, 0.175: 16 / 64}[n]), 0.35, BAND, episodes=512)[0] == 0.175
+    # TextWorld at one seed: 8 of 64 against 31 of 64
+    assert choose_noise(Probes(lambda n: {0.35: 8 / 64, 0.175: 31 / 64}[n]), 0.35, BAND, episodes=64)[0] == 0.175
