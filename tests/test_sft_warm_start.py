@@ -153,7 +153,7 @@ def test_auto_with_sampling_error_leaves_the_default_only_for_a_reliably_better_
     probes = Probes(lambda n: {0.35: 9 / 64, 0.175: 16 / 64}[n])
     noise, tried, why = choose_noise(probes, 0.35, BAND, probes=3, episodes=64)
     assert probes.built == [0.35, 0.175] and noise == 0.35 and "two standard errors of 64 episodes" in why
-    # the same rates over 512 episodes each are 4.6 standard errors apart: cleaner demonstrations win
+    # the same rates over 512 episodes each are 4.5 standard errors apart: cleaner demonstrations win
     assert choose_noise(Probes(lambda n: {0.35: 9 / 64, 0.175: 16 / 64}[n]), 0.35, BAND, episodes=512)[0] == 0.175
     # TextWorld at one seed: 8 of 64 against 31 of 64
     assert choose_noise(Probes(lambda n: {0.35: 8 / 64, 0.175: 31 / 64}[n]), 0.35, BAND, episodes=64)[0] == 0.175
