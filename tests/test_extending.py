@@ -191,6 +191,9 @@ def test_the_docs_engine_registers_and_plays_its_one_call(tmp_path, monkeypatch,
     (tmp_path / "my_pkg" / "constant_engine.py").write_text(block)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(engines, "ENGINES", dict(engines.ENGINES))  # the registration ends with the test
+    for name in [m for m in sys.modules if m == "my_pkg" or m.startswith("my_pkg.")]:  # another test's my_pkg
+        monkeypatch.delitem(sys.modules, name)
+    importlib.invalidate_caches()
     try:
         importlib.import_module("my_pkg.constant_engine")
         engine = get_engine_spec("constant").load()(vault_policy, SamplingConfig(max_new_tokens=64), seed=0)
