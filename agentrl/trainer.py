@@ -294,7 +294,8 @@ class Trainer:
         self.policy = Policy.load(source, device=device, tool_format=cfg.tool_format, history=cfg.rollout.history)
         self.warm_start_dir = Path(start) if cfg.model is None else None
         if self.warm_start_dir is not None:  # `agentrl.stages.pipeline.train` records what it was built from
-            self.decisions.setdefault("warm_start", {"dir": str(self.warm_start_dir)})
+            self.decisions.setdefault("warm_start", {"dir": str(self.warm_start_dir),
+                                                     "sft": _read_json(self.warm_start_dir / "warm_start.json")})
         self.max_context = cfg.rollout.max_context or getattr(self.policy.model.config, "max_position_embeddings", 2048)
 
         lora = cfg.optim.lora
@@ -1068,6 +1069,14 @@ class Trainer:
         self.monitor.close(summary)
         self.phase("done", done)
         return summary
+
+
+def _read_json(path: Path) -> Any:
+    """A JSON file's content, or None where there is none (or it does not parse)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 def _nothing_to_train(credit: Credit) -> bool:
