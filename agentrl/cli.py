@@ -778,14 +778,29 @@ class ServeEnvCommand(Strict):
     max_sessions: int = Field(256, ge=1, description="Concurrent OpenEnv sessions (one env instance each). A training "
                               "run holds one per rollout env and one per held-out env (the defaults: 64 + 128), so 256 "
                               "serves `agentrl train` on its defaults with room for a second client.")
+    mcp: bool = Field(False, description="Serve the env's tools as an MCP server over stdio instead (one episode "
+                      "stream, one env: the client calls `reset`, then the env's tools; extra [mcp]); --host, --port "
+                      "and --max-sessions do not apply.")
 
 
 def cmd_serve_env(argv: Sequence[str]) -> int:
     cmd = _parse(ServeEnvCommand, argv, "agentrl serve-env", "Serves an agentrl environment as an OpenEnv server "
                  "(WebSocket /ws, one env per session), for TRL/SkyRL/ART or agentrl's own OpenEnv adapter "
-                 "(agentrl.adapters.openenv:OpenEnvEnv). Runs until interrupted.")
+                 "(agentrl.adapters.openenv:OpenEnvEnv), or with --mcp its tools as an MCP server over stdio. Runs "
+                 "until interrupted.")
     kwargs = _kv(cmd.kw, "--kw")
     _check_env(cmd.target, kwargs)  # a bad id or argument is refused before OpenEnv's server stack is imported
+    if cmd.mcp:  # stdout is the protocol's: nothing else may be printed there
+        from agentrl.adapters.mcp_serve import serve_stdio
+        from agentrl.registry import make
+
+        try:
+            serve_stdio(make(cmd.target, **kwargs), name=f"agentrl {cmd.target}")
+        except ImportError as e:
+            raise UsageError(str(e)) from None
+        except KeyboardInterrupt:
+            pass
+        return 0
     try:
         from agentrl.adapters.serve import serve
     except ImportError as e:

@@ -297,3 +297,41 @@ def test_mcp_env_of_docs_extending_runs_as_printed(server_path, tmp_path, monkey
         assert (reward, terminated) == (1.0, True)
     finally:
         env.close()
+
+
+def test_mcp_serve_env_plays_an_episode_for_a_real_mcp_client(tmp_path):
+    """`agentrl serve-env ENV --mcp` as a subprocess, driven by the SDK's own stdio client: the env's tools with
+    their schemas plus reset, one episode through them, the verifier's reward at its end."""
+    import asyncio
+    import os
+    import re
+
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    root = Path(__file__).resolve().parents[1]
+    path = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])  # CI's mcp 2.0.0 too
+    params = StdioServerParameters(command=sys.executable, cwd=str(root), env={**os.environ, "PYTHONPATH": path},
+                                   args=["-m", "agentrl", "serve-env", "examples/custom_env.py:Arithmetic", "--mcp"])
+
+    async def play() -> tuple[list[str], list[tuple[str, bool]]]:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            names = [t.name for t in (await session.list_tools()).tools]
+            said = []
+            for name, args in [("calc", {"expression": "1+1"}), ("reset", {"seed": 3})]:
+                r = await asyncio.wait_for(session.call_tool(name, args), 60)
+                said.append((r.content[0].text, r.is_error))
+            a, b, c = map(int, re.findall(r"\d+", said[-1][0])[:3])
+            for name, args in [("calc", {"expression": f"{a}*{b}+{c}"}), ("answer", {"value": a * b + c}),
+                               ("answer", {"value": 0})]:
+                r = await asyncio.wait_for(session.call_tool(name, args), 60)
+                said.append((r.content[0].text, r.is_error))
+            return names, said
+
+    names, said = asyncio.run(asyncio.wait_for(play(), 120))
+    assert names == ["reset", "calc", "answer"]
+    assert said[0] == ("no episode is running: call reset first", True) and said[1][0].startswith("Compute ")
+    assert said[2][1] is False and "reward" not in said[2][0]
+    assert said[3][1] is False and "episode ended: reward 1" in said[3][0]
+    assert said[4] == ("no episode is running: call reset first", True)  # the episode is over

@@ -1,0 +1,108 @@
+"""An agentrl environment's tools as an MCP server over stdio (`agentrl serve-env ENV --mcp`, extra `[mcp]`).
+
+The other way round from `agentrl.adapters.mcp_tools`: an MCP client (an agent harness, an IDE, another
+framework's rollout) plays one episode stream of the env through tools. The server offers the env's own tools,
+with the env's JSON schemas, and `reset`, which starts an episode and returns its first observation. A call to an
+env tool is one env step: it is written in the env's own call format and stepped, so the env parses, validates
+and answers it exactly as it answers the policy (a bad argument is an observation, counted as malformed). When the
+step ends the episode, the answer says so and gives the verifier's reward; the next call must be `reset`. A tool
+that raises in the env (an `EnvError`) is an error result naming it, and the server goes on.
+
+One server process holds one env (stdio has one client); serve more clients with more processes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentrl.core import AgentEnv, EnvError
+
+RESET = "reset"
+
+
+class EpisodeServer:
+    """The env behind the MCP handlers: a tool call in, the observation (or an error) out. Kept apart from the
+    transport so that it can be tested without one.
+
+    >>> import agentrl.envs  # noqa: F401
+    >>> from agentrl.registry import make
+    >>> server = EpisodeServer(make("agentrl/Vault-v0", locks=1))
+    >>> [t["name"] for t in server.tools()], server.call("clue", {"lock": 1})
+    (['reset', 'clue', 'open'], ('no episode is running: call reset first', True))
+    >>> server.call("reset", {"seed": 0})
+    ('1 locks. Read each clue, then open the lock with the sum.', False)
+    """
+
+    def __init__(self, env: AgentEnv):
+        self.env = env
+        self.live = False
+
+    def tools(self) -> list[dict[str, Any]]:
+        """The MCP tool list: `reset`, then the env's tools with their schemas."""
+        reset = {"name": RESET, "description": "Start a new episode (optionally from a seed); returns its first "
+                 "observation. Call it first, and again after an episode ends.",
+                 "inputSchema": {"type": "object", "properties": {"seed": {"type": "integer"}}}}
+        own = [{"name": s["function"]["name"], "description": s["function"].get("description", ""),
+                "inputSchema": s["function"].get("parameters") or {"type": "object", "properties": {}}}
+               for s in self.env.tool_schemas()]
+        return [reset, *own]
+
+    def call(self, name: str, arguments: dict[str, Any] | None) -> tuple[str, bool]:
+        """(text, is_error) for one tool call."""
+        arguments = arguments or {}
+        if name == RESET:
+            seed = arguments.get("seed")
+            if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+                return f"reset: seed must be an integer, got {seed!r}", True
+            observation, _ = self.env.reset(seed=seed)
+            self.live = True
+            return observation, False
+        known = {s["function"]["name"] for s in self.env.tool_schemas()}
+        if name not in known:
+            return f"unknown tool {name!r}; tools: {', '.join([RESET, *sorted(known)])}", True
+        if not self.live:
+            return "no episode is running: call reset first", True
+        try:
+            observation, reward, terminated, truncated, _ = self.env.step(self.env.tool_format.render([(name,
+                                                                                                        arguments)]))
+        except EnvError as e:
+            self.live = False
+            return f"the environment failed: {e}", True
+        if terminated or truncated:
+            self.live = False
+            why = "ended" if terminated else "ran out of turns"
+            observation += f"\n(the episode {why}: reward {reward:g}; call reset for another)"
+        return observation, False
+
+
+def serve_stdio(env: AgentEnv, name: str) -> None:
+    """Serve `env`'s episode over stdio until the client disconnects."""
+    import anyio
+
+    try:
+        from mcp import types
+        from mcp.server.lowlevel import Server
+        from mcp.server.stdio import stdio_server
+    except ImportError as e:  # the [mcp] extra
+        raise ImportError(f"serving over MCP needs the mcp package: pip install 'agentrl[mcp]' ({e})") from None
+
+    episode = EpisodeServer(env)
+
+    async def list_tools(ctx: Any, params: Any) -> Any:
+        return types.ListToolsResult(tools=[types.Tool(**t) for t in episode.tools()])
+
+    async def call_tool(ctx: Any, params: Any) -> Any:
+        # env steps are synchronous (tools may block): off the event loop, so the session keeps answering pings
+        text, error = await anyio.to_thread.run_sync(episode.call, params.name, params.arguments)
+        return types.CallToolResult(content=[types.TextContent(text=text)], isError=error)
+
+    server = Server(name, on_list_tools=list_tools, on_call_tool=call_tool)
+
+    async def main() -> None:
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+
+    anyio.run(main)
+
+
+__all__ = ["EpisodeServer", "serve_stdio"]
