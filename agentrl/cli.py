@@ -24,6 +24,7 @@ module and `agentrl.config` import neither torch nor transformers.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import functools
 import sys
@@ -789,15 +790,16 @@ def cmd_serve_env(argv: Sequence[str]) -> int:
                  "(agentrl.adapters.openenv:OpenEnvEnv), or with --mcp its tools as an MCP server over stdio. Runs "
                  "until interrupted.")
     kwargs = _kv(cmd.kw, "--kw")
-    _check_env(cmd.target, kwargs)  # a bad id or argument is refused before OpenEnv's server stack is imported
-    if cmd.mcp:  # stdout is the protocol's: nothing else may be printed there
+    with contextlib.redirect_stdout(sys.stderr if cmd.mcp else sys.stdout):  # --mcp: stdout is the protocol's
+        _check_env(cmd.target, kwargs)  # a bad id or argument is refused before a server stack is imported
+    if cmd.mcp:
         from agentrl.adapters.mcp_serve import serve_stdio
         from agentrl.registry import make
 
         try:
-            serve_stdio(make(cmd.target, **kwargs), name=f"agentrl {cmd.target}")
-        except ImportError as e:
-            raise UsageError(str(e)) from None
+            serve_stdio(lambda: make(cmd.target, **kwargs), name=f"agentrl {cmd.target}")
+        except (ImportError, ValueError) as e:  # no mcp package; an env tool that takes the name `reset`
+            raise UsageError(f"serve-env --mcp {cmd.target}: {e}") from None
         except KeyboardInterrupt:
             pass
         return 0

@@ -335,3 +335,75 @@ def test_mcp_serve_env_plays_an_episode_for_a_real_mcp_client(tmp_path):
     assert said[2][1] is False and "reward" not in said[2][0]
     assert said[3][1] is False and "episode ended: reward 1" in said[3][0]
     assert said[4] == ("no episode is running: call reset first", True)  # the episode is over
+
+
+NOISY = '''
+import agentrl
+
+
+class Noisy(agentrl.AgentEnv):
+    """Prints on stdout in its constructor, its reset and its tool; its reset raises on seed 13."""
+
+    def __init__(self):
+        super().__init__()
+        print("constructing Noisy")
+
+    def shout(self, text: str) -> str:
+        """Shout, and end the episode."""
+        print("shouting", text)
+        self.finish()
+        return text.upper()
+
+    tools = [shout]
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        print("resetting")
+        if seed == 13:
+            raise RuntimeError("unlucky seed")
+        return "Say something.", {}
+
+    def verify(self):
+        return 1.0
+
+
+class HasReset(Noisy):
+    def reset_tool(self) -> str:
+        """A tool that takes the server's name."""
+        return "no"
+
+    reset_tool.__name__ = "reset"
+    tools = [reset_tool]
+'''
+
+
+def test_mcp_serve_env_keeps_stdout_for_the_protocol_and_survives_a_raising_env(tmp_path):
+    import asyncio
+    import os
+    import subprocess
+
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "noisy.py").write_text(NOISY)
+    path = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
+    params = StdioServerParameters(command=sys.executable, cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": path},
+                                   args=["-m", "agentrl", "serve-env", "noisy.py:Noisy", "--mcp"])
+
+    async def play() -> list[tuple[str, bool]]:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            said = []
+            for name, args in [("reset", {"seed": 13}), ("reset", {"seed": 1}), ("shout", {"text": "hi"})]:
+                r = await asyncio.wait_for(session.call_tool(name, args), 60)
+                said.append((r.content[0].text, r.is_error))
+            return said
+
+    said = asyncio.run(asyncio.wait_for(play(), 120))
+    assert said[0] == ("the environment's reset raised RuntimeError: unlucky seed", True)
+    assert said[1] == ("Say something.", False) and said[2][0].startswith("HI\n(the episode ended: reward 1")
+    # an env tool named `reset` is refused before serving, naming the clash
+    done = subprocess.run([sys.executable, "-m", "agentrl", "serve-env", "noisy.py:HasReset", "--mcp"], cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "has a tool named 'reset'" in done.stderr and done.stdout == ""

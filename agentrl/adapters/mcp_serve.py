@@ -8,11 +8,17 @@ and answers it exactly as it answers the policy (a bad argument is an observatio
 step ends the episode, the answer says so and gives the verifier's reward; the next call must be `reset`. A tool
 that raises in the env (an `EnvError`) is an error result naming it, and the server goes on.
 
-One server process holds one env (stdio has one client); serve more clients with more processes.
+One server process holds one env (stdio has one client); serve more clients with more processes. Standard
+output is the protocol's alone: while serving, whatever the env (or a library under it) prints or logs to
+stdout goes to stderr instead, so that it cannot corrupt a message.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import sys
+from collections.abc import Callable
 from typing import Any
 
 from agentrl.core import AgentEnv, EnvError
@@ -34,6 +40,10 @@ class EpisodeServer:
     """
 
     def __init__(self, env: AgentEnv):
+        names = [s["function"]["name"] for s in env.tool_schemas()]
+        if RESET in names:
+            raise ValueError(f"{type(env).__name__} has a tool named {RESET!r}, the name the MCP server gives to "
+                             "starting an episode; rename the env's tool to serve it over MCP")
         self.env = env
         self.live = False
 
@@ -54,7 +64,11 @@ class EpisodeServer:
             seed = arguments.get("seed")
             if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
                 return f"reset: seed must be an integer, got {seed!r}", True
-            observation, _ = self.env.reset(seed=seed)
+            try:
+                observation, _ = self.env.reset(seed=seed)
+            except Exception as e:  # an env bug: the client hears of it, and the server stays up for the next call
+                self.live = False
+                return f"the environment's reset raised {type(e).__name__}: {e}", True
             self.live = True
             return observation, False
         known = {s["function"]["name"] for s in self.env.tool_schemas()}
@@ -68,6 +82,9 @@ class EpisodeServer:
         except EnvError as e:
             self.live = False
             return f"the environment failed: {e}", True
+        except Exception as e:  # a bug in the env's step (not in a tool, which step turns into an EnvError)
+            self.live = False
+            return f"the environment's step raised {type(e).__name__}: {e}", True
         if terminated or truncated:
             self.live = False
             why = "ended" if terminated else "ran out of turns"
@@ -75,8 +92,9 @@ class EpisodeServer:
         return observation, False
 
 
-def serve_stdio(env: AgentEnv, name: str) -> None:
-    """Serve `env`'s episode over stdio until the client disconnects."""
+def serve_stdio(build: Callable[[], AgentEnv], name: str) -> None:
+    """Serve the episode of the env `build()` makes over stdio until the client disconnects. The env is built and
+    stepped with stdout set aside (a constructor or a tool that prints cannot corrupt the protocol either)."""
     import anyio
 
     try:
@@ -86,23 +104,25 @@ def serve_stdio(env: AgentEnv, name: str) -> None:
     except ImportError as e:  # the [mcp] extra
         raise ImportError(f"serving over MCP needs the mcp package: pip install 'agentrl[mcp]' ({e})") from None
 
-    episode = EpisodeServer(env)
+    protocol = anyio.wrap_file(io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8"))
+    with contextlib.redirect_stdout(sys.stderr):  # prints and rich's console (it writes to sys.stdout) go aside
+        episode = EpisodeServer(build())
 
-    async def list_tools(ctx: Any, params: Any) -> Any:
-        return types.ListToolsResult(tools=[types.Tool(**t) for t in episode.tools()])
+        async def list_tools(ctx: Any, params: Any) -> Any:
+            return types.ListToolsResult(tools=[types.Tool(**t) for t in episode.tools()])
 
-    async def call_tool(ctx: Any, params: Any) -> Any:
-        # env steps are synchronous (tools may block): off the event loop, so the session keeps answering pings
-        text, error = await anyio.to_thread.run_sync(episode.call, params.name, params.arguments)
-        return types.CallToolResult(content=[types.TextContent(text=text)], isError=error)
+        async def call_tool(ctx: Any, params: Any) -> Any:
+            # env steps are synchronous (tools may block): off the event loop, so the session keeps answering pings
+            text, error = await anyio.to_thread.run_sync(episode.call, params.name, params.arguments)
+            return types.CallToolResult(content=[types.TextContent(text=text)], isError=error)
 
-    server = Server(name, on_list_tools=list_tools, on_call_tool=call_tool)
+        server = Server(name, on_list_tools=list_tools, on_call_tool=call_tool)
 
-    async def main() -> None:
-        async with stdio_server() as (read, write):
-            await server.run(read, write, server.create_initialization_options())
+        async def main() -> None:
+            async with stdio_server(stdout=protocol) as (read, write):
+                await server.run(read, write, server.create_initialization_options())
 
-    anyio.run(main)
+        anyio.run(main)
 
 
 __all__ = ["EpisodeServer", "serve_stdio"]
