@@ -293,9 +293,9 @@ class Trainer:
                              "does both)")
         self.policy = Policy.load(source, device=device, tool_format=cfg.tool_format, history=cfg.rollout.history)
         self.warm_start_dir = Path(start) if cfg.model is None else None
-        if self.warm_start_dir is not None:  # `agentrl.stages.pipeline.train` records what it was built from
-            self.decisions.setdefault("warm_start", {"dir": str(self.warm_start_dir),
-                                                     "sft": _read_json(self.warm_start_dir / "warm_start.json")})
+        if self.warm_start_dir is not None and "warm_start" not in self.decisions:  # pipeline.train records it
+            self.decisions["warm_start"] = {"dir": str(self.warm_start_dir),
+                                            "sft": _read_json(self.warm_start_dir / "warm_start.json")}
         self.max_context = cfg.rollout.max_context or getattr(self.policy.model.config, "max_position_embeddings", 2048)
 
         lora = cfg.optim.lora
