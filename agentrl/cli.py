@@ -380,6 +380,7 @@ def _probe_for_auto(cfg: TrainConfig) -> tuple[TrainConfig, dict[str, Any]]:
     print(f"--algo auto -> {rec.algo}: {rec.reason}", file=sys.stderr)
     # what the run decided, for config.yaml's header and summary.json: a run folder explains itself
     decisions["algo_auto"] = {"algo": rec.algo, "rule": rec.rule, "reason": rec.reason, "advice": rec.advice,
+                              "confidence": rec.confidence, "evidence": rec.evidence,
                               "statistics": probed.stats.model_dump(), "thresholds": probed.thresholds.source,
                               "budget_episodes": probed.budget_episodes,
                               "family": probed.family.model_dump() if probed.family else None}
@@ -629,6 +630,7 @@ def cmd_probe(argv: Sequence[str]) -> int:
     console.print(table)
     rec = result.recommendation
     console.print(f"[bold green]recommended assigner: {rec.algo}[/bold green] ({rec.reason})")
+    console.print(f"confidence: {rec.confidence}" + (f" ({rec.evidence})" if rec.evidence else ""))
     if rec.advice:
         console.print(f"[yellow]advice[/yellow]: {rec.advice}")
     console.print(f"thresholds: {th.source}" + (f" (sweep of {th.sweep_started})" if th.sweep_started else ""))

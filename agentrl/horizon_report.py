@@ -162,7 +162,8 @@ def to_markdown(result: ProbeResult, bakeoff: Sequence[BakeoffRun] | None = None
     """The report as markdown; `images` are PNG file names lying beside it."""
     rec = result.recommendation
     lines = ["# Horizon report", "", f"Source: {result.source}", "", f"**Recommended assigner: `{rec.algo}`** (rule "
-             f"`{rec.rule}`)", "", rec.reason, ""]
+             f"`{rec.rule}`)", "", rec.reason, "", f"Confidence: **{rec.confidence}**"
+             + (f" ({rec.evidence})" if rec.evidence else ""), ""]
     if rec.advice:
         lines += [f"Advice: {rec.advice}", ""]
     lines += ["## Statistics", "", "| statistic | value |", "|---|---|"]
@@ -215,7 +216,8 @@ def to_html(result: ProbeResult, bakeoff: Sequence[BakeoffRun] | None = None,
     rec = result.recommendation
     parts = ["<h1>Horizon report</h1>", f'<p class="muted">Source: {e(result.source)}</p>',
              f'<div class="rec"><b>Recommended assigner: <code>{e(rec.algo)}</code></b> (rule '
-             f'<code>{e(rec.rule)}</code>)<br>{e(rec.reason)}</div>']
+             f'<code>{e(rec.rule)}</code>)<br>{e(rec.reason)}<br>Confidence: <b>{e(rec.confidence)}</b>'
+             + (f" ({e(rec.evidence)})" if rec.evidence else "") + "</div>"]
     if rec.advice:
         parts.append(f'<p class="advice">Advice: {e(rec.advice)}</p>')
     parts.append("<h2>Statistics</h2><table><tr><th>statistic</th><th>value</th></tr>")

@@ -5,9 +5,13 @@ same episode budget, several seeds. Where does turn-level credit pay off?
     python benchmarks/horizon_sweep.py --locks 1 3 --seeds 0 --updates 5   # a quick look
     python benchmarks/horizon_sweep.py --family hanoi --disks 2 3 4 --jobs 1   # TextArena's Tower of Hanoi
 
-Families (`FAMILIES`): `vault` (agentrl's own Vault-v0, the knob `--locks`) and `hanoi` (TextArena's
-Tower of Hanoi through agentrl.adapters.textarena_games, the knob `--disks`: 2**disks - 1 moves). The
-horizon knob's values are given with `--horizons` or its family's name (`--locks`, `--disks`).
+Families (`FAMILIES`): `vault` (agentrl's own Vault-v0, the knob `--locks`), `hanoi` (TextArena's
+Tower of Hanoi through agentrl.adapters.textarena_games, the knob `--disks`: 2**disks - 1 moves, every
+episode from TextArena's start), `hanoi-varied` (the same game from a random legal position each episode,
+so held-out episodes are new puzzles), `textworld` (a generated TextWorld quest, the knob `--quest-length`)
+and `frozenlake` (TextArena's FrozenLake, the knob `--size`: 2 * (size - 1) moves). The horizon knob's
+values are given with `--horizons` or its family's name. `--preset ci` is a run small enough for CI
+(one short horizon, two assigners, one seed, two updates).
 
 With `--jobs 2` (the default) the horizons are split between two worker processes of one torch
 thread each, balanced by their expected cost; the tiny model's forwards are too small to keep two
@@ -90,6 +94,17 @@ FAMILIES = {
     # ~2,000 tokens of history) passes the tiny policy's 2,048 positions, so the default stops at 4.
     "hanoi": Family("hanoi", "agentrl/TA-TowerOfHanoi-v0", "disks", (2, 3, 4), lambda n: 2**n - 1,
                     lambda n: max(2, (2**n - 1) // 3), band=(0.1, 0.9)),
+    # the same game from a random legal position each episode (start="random"): held-out episodes are new
+    # puzzles; no position is more than 2**disks - 1 moves from the goal, so the budget is the same
+    "hanoi-varied": Family("hanoi-varied", "agentrl/TA-TowerOfHanoi-v0", "disks", (2, 3, 4), lambda n: 2**n - 1,
+                           lambda n: max(2, (2**n - 1) // 3), band=(0.1, 0.9), kwargs=(("start", "random"),)),
+    # TextWorld: a generated quest of quest_length commands (its walkthrough); a slip ("look") costs a turn.
+    # 8 games per quest length, so evaluation and training share puzzles only as often as TextWorld repeats
+    "textworld": Family("textworld", "agentrl/TextWorld-v0", "quest_length", (1, 3, 5), lambda n: n,
+                        lambda n: max(2, n // 2), band=(0.1, 0.9), kwargs=(("games", 8),)),
+    # FrozenLake: a size x size board drawn per episode, 2 * (size - 1) moves corner to corner
+    "frozenlake": Family("frozenlake", "agentrl/TA-FrozenLake-v0", "size", (3, 5, 7), lambda n: 2 * (n - 1),
+                         lambda n: max(2, 2 * (n - 1) // 3), band=(0.1, 0.9)),
 }
 
 
@@ -134,9 +149,10 @@ def smooth(xs: list[float], k: int = 3) -> list[float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", choices=sorted(FAMILIES), default="vault", help="the task family (default vault)")
-    ap.add_argument("--horizons", "--locks", "--disks", dest="horizons", type=int, nargs="+", default=None,
-                    help="the horizon knob's values (Vault: locks, turns ~ 2 * locks + slack; hanoi: disks, "
-                    "2**disks - 1 moves + slack); default: the family's")
+    ap.add_argument("--horizons", "--locks", "--disks", "--quest-length", "--size", dest="horizons", type=int,
+                    nargs="+", default=None, help="the horizon knob's values (vault: locks, turns ~ 2 * locks + "
+                    "slack; hanoi, hanoi-varied: disks, 2**disks - 1 moves + slack; textworld: quest length; "
+                    "frozenlake: board size, 2 * (size - 1) moves); default: the family's")
     ap.add_argument("--algos", nargs="+", default=ALGOS)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--updates", type=int, default=20)
@@ -153,8 +169,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default); workers get 1")
     ap.add_argument("--from-json", metavar="SWEEP_JSON", help="only redraw the table, plot and summary of a finished "
                     "sweep into --out")
+    ap.add_argument("--preset", choices=["ci"], default=None, help="ci: the family's shortest horizon, grpo and "
+                    "steppo, seed 0, 2 updates of 2 groups, 16 held-out episodes (a smoke run of the whole path)")
     args = ap.parse_args()
     family = FAMILIES[args.family]
+    if args.preset == "ci":
+        args.horizons = args.horizons or [family.horizons[0]]
+        args.algos, args.seeds, args.updates, args.groups, args.eval_episodes = ["grpo", "steppo"], [0], 2, 2, 16
+        args.lock_examples, args.band_tries, args.jobs = 600, 1, 1
     if args.horizons is None:
         args.horizons = list(family.horizons)
     if args.band is None and family.band is not None:
@@ -216,7 +238,8 @@ def main() -> None:
             # too good: more slips in the demonstrations; too poor: fewer
             target = target - 0.2 if warm.pass_rate > args.band[1] else target + 0.2
             target = min(0.95, max(0.05, target))
-        h = {family.knob: n, "knob": family.knob, "size": n, "slack": slack, "max_turns": max_turns, "noise": noise,
+        h = {family.knob: n, "knob": family.knob, "size": n, "env_kwargs": env_kw, "slack": slack,
+             "max_turns": max_turns, "noise": noise,
              "expert_pass_rate": expert, "demos": demos, "sft_batch": batch, "warm_start_pass_rate": warm.pass_rate,
              "in_band": None if args.band is None else bool(args.band[0] <= warm.pass_rate <= args.band[1]),
              "warm_start_tries": tries, "warm_start_s": time.perf_counter() - t0, "runs": {}}

@@ -47,29 +47,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from horizon_sweep import ALGOS, FAMILIES, knob_of, train_config  # noqa: E402
 
+from agentrl.probe.calibration import merge_sweeps  # noqa: E402,F401  (the calibration's; kept importable here)
+
 REGRET_FLOOR = 0.005
-
-
-def merge_sweeps(sweeps: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """One sweep.json holding the horizons of several (keyed "<family>/<knob value>"), for
-    `thresholds_from_sweep`: it orders horizons by max turns, so families interleave by horizon. The
-    recorded budget is the smallest per-run budget of the sweeps (what every one of them measured), the
-    evaluation size the smallest (the binomial floor of the spread is then the widest)."""
-    def budget(s: dict[str, Any]) -> int:
-        a = s.get("args") or {}
-        return int(a.get("updates", 0)) * int(a.get("groups", 0)) * int(a.get("group_size", 0))
-
-    smallest = min(sweeps.values(), key=budget)
-    horizons = {}
-    for name, s in sweeps.items():
-        for key, h in s["horizons"].items():
-            horizons[f"{s.get('family', 'vault')}/{key}"] = {**h, "sweep": name}
-    a = smallest.get("args") or {}
-    return {"started": max(s.get("started", "") for s in sweeps.values()),
-            "family": "+".join(s.get("family", "vault") for s in sweeps.values()),
-            "args": {"updates": a.get("updates"), "groups": a.get("groups"), "group_size": a.get("group_size"),
-                     "eval_episodes": min((s.get("args") or {}).get("eval_episodes", 128) for s in sweeps.values())},
-            "merged_from": list(sweeps), "horizons": horizons}
 
 
 def finals_by_algo(h: dict[str, Any]) -> dict[str, dict[int, float]]:

@@ -170,3 +170,41 @@ def test_the_horizon_sweeps_hanoi_family_builds_the_adapters_turn_budget():
         env = agentrl.make(fam.env_id, **fam.env_kwargs(disks, slack))
         assert env.max_turns == fam.max_turns(disks, slack) == 2**disks - 1 + slack
     assert FAMILIES["vault"].env_kwargs(3, 1) == {"locks": 3, "slack": 1}
+
+
+def test_hanoi_random_start_draws_new_legal_puzzles_and_the_expert_solves_each():
+    env = HanoiEnv(disks=3, slack=0, start="random")
+    starts = set()
+    for seed in range(40):
+        obs, info = env.reset(seed=seed)
+        towers = env._towers()
+        assert sorted(d for p in towers.values() for d in p) == [1, 2, 3]
+        assert all(p == sorted(p, reverse=True) for p in towers.values())  # larger below smaller
+        assert towers["C"] != [3, 2, 1]  # never the solved position
+        assert f"A: {towers['A']}" in obs and "from where they stand" in obs  # the board shown is the one drawn
+        starts.add(info["state_key"])
+        reward, n, terminated, _ = play(env, seed)
+        assert reward == 1.0 and terminated and n <= 7  # no position is further than 2**3 - 1 moves from the goal
+    assert len(starts) >= 15  # of the 26 positions other than the solved one
+    env.reset(seed=3)
+    first = env._towers()
+    env.reset(seed=3)
+    assert env._towers() == first  # the episode's seed decides the puzzle
+    with pytest.raises(ValueError, match="start must be 'tower'"):
+        HanoiEnv(start="anywhere")
+
+
+def test_the_sweeps_new_families_build_their_envs_at_every_default_horizon():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from horizon_sweep import FAMILIES
+
+    for name in ("hanoi-varied", "frozenlake"):
+        fam = FAMILIES[name]
+        for n in fam.horizons:
+            env = agentrl.make(fam.env_id, **fam.env_kwargs(n, fam.slack(n)))
+            assert env.max_turns == fam.max_turns(n, fam.slack(n))
+    assert FAMILIES["hanoi-varied"].env_kwargs(2, 2) == {"disks": 2, "slack": 2, "start": "random"}
+    assert FAMILIES["frozenlake"].max_turns(5, 2) == 2 * 4 + 2

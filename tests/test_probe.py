@@ -512,3 +512,106 @@ def test_two_family_calibration_interleaves_horizons_and_keeps_the_smaller_budge
     assert alone.horizon_cutoff == (3 + 17) / 2
     assert both.horizon_cutoff == (3 + 5) / 2  # the Hanoi horizon at 5 turns is the crossover now
     assert both.min_budget_episodes == 10 * 4 * 8 and both.long_horizon_algo == "steppo"
+
+
+# -- the no-reliable-difference gate, the evidence behind it, several families calibrated together ---------
+
+
+def evidence_th(**leads) -> ProbeThresholds:
+    """TH with evidence: leads[algo] = (lead over grpo, spread)."""
+    from agentrl.probe.thresholds import Evidence
+
+    ev = {a: Evidence(lead=lead, spread=spread, horizons=2, wins=int(lead > spread)) for a, (lead, spread) in
+          leads.items()}
+    return TH.model_copy(update={"evidence": ev})
+
+
+def test_a_turn_level_pick_the_sweeps_did_not_separate_from_grpo_becomes_grpo():
+    s = stats(turns_median=20, step_reward_density=0.5)  # dense-step-scores fires: steppo
+    rec, _ = recommend(s, evidence_th(steppo=(0.03, 0.05)), 1000)  # steppo led by 0.03 < spread 0.05
+    assert (rec.algo, rec.rule, rec.confidence) == ("grpo", "no-reliable-difference", "no reliable difference")
+    assert rec.reason.startswith("no reliable difference: grpo. dense-step-scores would pick steppo")
+    assert "+0.030 (spread 0.050)" in rec.evidence
+    rec, _ = recommend(s, evidence_th(steppo=(0.12, 0.05)), 1000)  # a lead beyond the spread: kept
+    assert (rec.algo, rec.rule, rec.confidence) == ("steppo", "dense-step-scores", "measured")
+    rec, _ = recommend(s, evidence_th(gigpo=(0.2, 0.05)), 1000)  # steppo never ran past the cut-off
+    assert (rec.algo, rec.confidence) == ("grpo", "no reliable difference")
+    rec, _ = recommend(s, TH, 1000)  # no evidence recorded (the literature thresholds): the pick stands, unmeasured
+    assert (rec.algo, rec.rule, rec.confidence) == ("steppo", "dense-step-scores", "unmeasured")
+
+
+def test_the_gate_leaves_step_scores_only_and_says_how_sure_a_grpo_pick_is():
+    th = evidence_th(steppo=(-0.1, 0.05))
+    rec, _ = recommend(stats(zero_adv_frac=0.9, step_signal_frac=0.6), th, None)  # silent outcomes: grpo learns nothing
+    assert (rec.algo, rec.rule, rec.confidence) == ("steppo", "step-scores-only", "unmeasured")
+    rec, _ = recommend(stats(turns_median=6), th, None)
+    assert (rec.algo, rec.rule, rec.confidence) == ("grpo", "short-horizon", "measured")
+    rec, _ = recommend(stats(episodes=8), th, None)
+    assert (rec.rule, rec.confidence) == ("too-few-episodes", "unmeasured")
+
+
+def test_the_calibration_records_each_assigners_lead_past_the_crossover():
+    s = sweep({1: {"grpo": [0.5, 0.6], "steppo": [0.5, 0.6], "gigpo": [0.4, 0.5]},   # 3 turns: a tie
+               4: {"grpo": [0.3, 0.4], "steppo": [0.7, 0.8], "gigpo": [0.3, 0.5]},   # 9 turns: steppo +0.4
+               8: {"grpo": [0.2, 0.3], "steppo": [0.4, 0.5], "gigpo": [0.2, 0.2]}})  # 17 turns: steppo +0.2
+    t = thresholds_from_sweep(s)
+    assert t.horizon_cutoff == 6.0
+    # past the crossover (9 and 17 turns): steppo leads by (0.4 + 0.2) / 2, gigpo by (0.05 - 0.05) / 2
+    assert t.evidence["steppo"].lead == pytest.approx(0.3) and t.evidence["steppo"].horizons == 2
+    assert t.evidence["steppo"].wins == 2 and t.evidence["steppo"].reliable
+    assert t.evidence["gigpo"].lead == pytest.approx(0.0) and not t.evidence["gigpo"].reliable
+    # each horizon's spread is the pooled seed std: at 9 turns sqrt((0.005 + 0.005 + 0.02) / 3) = 0.1, at 17
+    # sqrt((0.005 + 0.005 + 0) / 3); the evidence keeps their mean
+    assert t.evidence["steppo"].spread == pytest.approx((0.1 + math.sqrt(0.01 / 3)) / 2, abs=1e-4)
+
+
+def test_calibrating_on_several_sweep_files_merges_them(tmp_path):
+    from agentrl.probe.calibration import calibration_record, main
+
+    vault = sweep({1: {"grpo": [0.5, 0.6], "steppo": [0.5, 0.6]}, 8: {"grpo": [0.3, 0.4], "steppo": [0.6, 0.7]}})
+    hanoi = sweep({2: {"grpo": [0.3, 0.4], "steppo": [0.8, 0.9]}})
+    hanoi.update(family="hanoi", knob="disks")
+    (tmp_path / "v.json").write_text(json.dumps(vault))
+    (tmp_path / "h.json").write_text(json.dumps(hanoi))
+    rec = calibration_record([tmp_path / "v.json", tmp_path / "h.json"], ["v.json", "h.json"])
+    t = rec["thresholds"]
+    assert t["horizon_cutoff"] == (3 + 5) / 2 and t["source"] == "v.json + h.json"
+    assert len(t["sweep_sha256"].split()) == 2 and rec["generated_by"].endswith("calibrate v.json h.json")
+    assert t["evidence"]["steppo"]["horizons"] == 2
+    out = tmp_path / "th.json"
+    assert main([str(tmp_path / "v.json"), str(tmp_path / "h.json"), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["thresholds"]["horizon_cutoff"] == 4.0
+    with pytest.raises(ValueError, match="2 sweep files but 1 names"):
+        calibration_record([tmp_path / "v.json", tmp_path / "h.json"], ["v.json"])
+
+
+def _probe_lofo():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    sys.path.insert(0, str(bench))
+    spec = importlib.util.spec_from_file_location("probe_lofo", bench / "probe_lofo.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_lofo_regret_is_the_mean_over_horizons_and_the_bootstrap_brackets_it():
+    import numpy as np
+
+    lofo = _probe_lofo()
+    finals = {"1": {"grpo": [0.6, 0.8], "steppo": [0.5, 0.5]}, "8": {"grpo": [0.2, 0.4], "steppo": [0.6, 0.8]}}
+    # best means: 0.7 (grpo) at 1, 0.7 (steppo) at 8; always grpo: (0 + 0.4) / 2, always steppo: (0.2 + 0) / 2
+    assert lofo.regret(finals, {"1": "grpo", "8": "grpo"})[0] == pytest.approx(0.2)
+    assert lofo.regret(finals, {"1": "steppo", "8": "steppo"})[0] == pytest.approx(0.1)
+    assert lofo.regret(finals, {"1": "grpo", "8": "steppo"}) == (pytest.approx(0.0), {"1": 0.0, "8": 0.0})
+    b = lofo.boot_regrets(finals, {"grpo": {"1": "grpo", "8": "grpo"}, "steppo": {"1": "steppo", "8": "steppo"}},
+                          2000, np.random.default_rng(0))
+    lo, hi = lofo.interval(b["grpo"])
+    assert lo <= 0.2 <= hi and (b["grpo"] >= 0).all()  # a regret is never negative: the best is re-taken
+    # with one seed there is nothing to resample: every draw is the point estimate
+    one = {"1": {"grpo": [0.6], "steppo": [0.5]}}
+    assert lofo.interval(lofo.boot_regrets(one, {"s": {"1": "steppo"}}, 50, np.random.default_rng(0))["s"]) == \
+        [pytest.approx(0.1), pytest.approx(0.1)]

@@ -173,16 +173,38 @@ def hanoi_next_move(peg_of: dict[int, str], disk: int, target: str) -> tuple[str
     return hanoi_next_move(peg_of, disk - 1, spare) or (peg_of[disk], target)
 
 
+def random_hanoi_position(disks: int, rng: random.Random) -> dict[str, list[int]]:
+    """A legal Tower of Hanoi position other than the solved one, uniform over the 3**disks - 1 others: each
+    disk on any tower, each tower's disks largest first (bottom to top, as TextArena lists them).
+
+    >>> t = random_hanoi_position(3, random.Random(0))
+    >>> sorted(d for p in t.values() for d in p), all(p == sorted(p, reverse=True) for p in t.values())
+    ([1, 2, 3], True)
+    """
+    while True:
+        towers: dict[str, list[int]] = {p: [] for p in PEGS}
+        for disk in range(disks, 0, -1):
+            towers[PEGS[rng.randrange(3)]].append(disk)
+        if len(towers["C"]) < disks:
+            return towers
+
+
 class HanoiEnv(TextArenaEnv):
-    """TextArena's Tower of Hanoi: move `disks` disks from tower A to C; optimal is 2**disks - 1 moves."""
+    """TextArena's Tower of Hanoi: move `disks` disks onto tower C; from TextArena's start (every disk on A,
+    `start="tower"`) optimal is 2**disks - 1 moves. With `start="random"` every episode begins from a legal
+    position drawn uniformly from the episode's seed (each disk on any tower, larger below smaller; never the
+    solved one), so a held-out episode is a new puzzle; no position is further than 2**disks - 1 moves from
+    the goal, so the turn budget is the same."""
 
     system_prompt = "Solve the Tower of Hanoi with the move tool."
 
     def __init__(self, disks: int = 3, slack: int = 2, partial_credit: bool = False,
-                 error_allowance: int | None = None):
+                 error_allowance: int | None = None, start: Literal["tower", "random"] = "tower"):
         if not 1 <= disks <= 9:
             raise ValueError(f"TA-TowerOfHanoi: disks must be between 1 and 9 (2**9 - 1 = 511 moves), got {disks}")
-        self.disks = disks
+        if start not in ("tower", "random"):
+            raise ValueError(f"TA-TowerOfHanoi: start must be 'tower' (all disks on A) or 'random', got {start!r}")
+        self.disks, self.start = disks, start
         super().__init__(2**disks - 1, slack, partial_credit, error_allowance)
 
     def _new_game(self, game_seed: int) -> Any:
@@ -190,10 +212,17 @@ class HanoiEnv(TextArenaEnv):
 
         game = TowerOfHanoiEnv(num_disks=self.disks)
         game.reset(num_players=1, seed=game_seed)
+        if self.start == "random":
+            towers = random_hanoi_position(self.disks, random.Random(game_seed))
+            game.get_observation()  # drop the board TextArena drew for its own start
+            game.state.game_state["towers"] = towers
+            game.state.add_observation(message=f"Current Board: \n{game._render_board()}.",
+                                       observation_type=self.ta.ObservationType.GAME_BOARD)
         return game
 
     def _intro(self) -> str:
-        return (f"Tower of Hanoi with {self.disks} disks (1 is the smallest): move them all from tower A to tower C, "
+        where = "from tower A " if self.start == "tower" else "from where they stand "
+        return (f"Tower of Hanoi with {self.disks} disks (1 is the smallest): move them all {where}to tower C, "
                 "one top disk per move(source, target); a disk may only go onto an empty tower or a larger disk.")
 
     def move(self, source: Literal["A", "B", "C"], target: Literal["A", "B", "C"]) -> str:

@@ -1,6 +1,7 @@
 """Calibrating the probe's horizon thresholds on a horizon sweep, and writing them as package data.
 
     python -m agentrl.probe calibrate benchmarks/results/horizon_sweep.json   # rewrites agentrl/probe/thresholds.json
+    python -m agentrl.probe calibrate a.json b.json c.json                    # several families, merged
 
 The sweep (benchmarks/horizon_sweep.py) trains every registered assigner at several horizons from
 the same warm start; `thresholds_from_sweep` reads where turn-level credit first beat grpo by more
@@ -20,12 +21,21 @@ import statistics
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
-from agentrl.probe.thresholds import BASELINE, CALIBRATED, PACKAGED, PROVENANCE, ProbeThresholds, turn_level_assigners
+from agentrl.probe.thresholds import (
+    BASELINE,
+    CALIBRATED,
+    PACKAGED,
+    PROVENANCE,
+    Evidence,
+    ProbeThresholds,
+    turn_level_assigners,
+)
 
 
 class HorizonSummary(BaseModel):
@@ -127,6 +137,12 @@ def thresholds_from_sweep(
     >>> t = thresholds_from_sweep(sweep)
     >>> t.horizon_cutoff, t.turn_level_candidates, t.long_horizon_algo, t.min_budget_episodes
     (10.5, ['arpo'], 'arpo', 320)
+    >>> e = t.evidence["arpo"]; round(e.lead, 2), e.horizons, e.wins, e.reliable
+    (0.3, 1, 1, True)
+
+    `evidence` records, for every turn-level assigner, its mean lead over grpo and the mean spread over
+    the horizons at or past the crossover (over all horizons when there is none): what the no-reliable-
+    difference gate of `agentrl.probe.rules` reads.
     """
     if not any(
         r.get("algo") == BASELINE for h in sweep.get("horizons", {}).values() for r in h.get("runs", {}).values()
@@ -155,6 +171,7 @@ def thresholds_from_sweep(
         f"{h.means.get(BASELINE, float('nan')):.2f}, spread {h.spread:.2f}"
         for h in horizons
     )
+    t.evidence = evidence(horizons[cross:] if cross is not None else horizons, turn_level)
     if cross is None:
         t.horizon_cutoff = None
         t.turn_level_candidates = []
@@ -182,6 +199,52 @@ def thresholds_from_sweep(
         f"budget {budget} episodes per run. Measured: {measured}"
     )
     return t
+
+
+def evidence(horizons: list[HorizonSummary], turn_level: set[str]) -> dict[str, Evidence]:
+    """Each turn-level assigner's lead over grpo, averaged over `horizons` (those with both run)."""
+    out = {}
+    for a in sorted(turn_level):
+        hs = [h for h in horizons if a in h.means and BASELINE in h.means]
+        if not hs:
+            continue
+        leads = [h.means[a] - h.means[BASELINE] for h in hs]
+        out[a] = Evidence(lead=round(statistics.mean(leads), 4), spread=round(statistics.mean(h.spread for h in hs), 4),
+                          horizons=len(hs), wins=sum(d > h.spread for d, h in zip(leads, hs)))
+    return out
+
+
+def merge_sweeps(sweeps: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One sweep holding the horizons of several (keyed "<family>/<knob value>"), for `thresholds_from_sweep`:
+    it orders horizons by max turns, so families interleave by horizon. The recorded budget is the smallest
+    per-run budget of the sweeps (what every one of them measured), the evaluation size the smallest (the
+    binomial floor of the spread is then the widest).
+
+    >>> a = {"family": "a", "args": {"updates": 10, "groups": 4, "group_size": 8}, "horizons": {"1": {}}}
+    >>> b = {"family": "b", "args": {"updates": 5, "groups": 4, "group_size": 8}, "horizons": {"2": {}}}
+    >>> m = merge_sweeps({"a.json": a, "b.json": b}); sorted(m["horizons"]), m["args"]["updates"], m["family"]
+    (['a/1', 'b/2'], 5, 'a+b')
+    """
+    if not sweeps:
+        raise ValueError("merge_sweeps: no sweeps given")
+
+    def budget(s: dict[str, Any]) -> int:
+        a = s.get("args") or {}
+        return int(a.get("updates", 0)) * int(a.get("groups", 0)) * int(a.get("group_size", 0))
+
+    smallest = min(sweeps.values(), key=budget)
+    horizons = {}
+    for name, s in sweeps.items():
+        if not isinstance(s, dict) or "horizons" not in s:
+            raise ValueError(f"{name}: not a horizon sweep (no 'horizons' key)")
+        for key, h in s["horizons"].items():
+            horizons[f"{s.get('family', 'vault')}/{key}"] = {**h, "sweep": name}
+    a = smallest.get("args") or {}
+    return {"started": max(s.get("started", "") for s in sweeps.values()),
+            "family": "+".join(s.get("family", "vault") for s in sweeps.values()),
+            "args": {"updates": a.get("updates"), "groups": a.get("groups"), "group_size": a.get("group_size"),
+                     "eval_episodes": min((s.get("args") or {}).get("eval_episodes", 128) for s in sweeps.values())},
+            "merged_from": list(sweeps), "horizons": horizons}
 
 
 # --------------------------------------------------------------------------------------------
@@ -216,24 +279,38 @@ def _last_commit(path: Path) -> str | None:
     return (out.stdout.strip() or None) if out.returncode == 0 else None
 
 
-def calibration_record(sweep_path: str | Path, name: str | None = None) -> dict[str, Any]:
-    """What `write_thresholds` stores: the calibrated fields and their provenance, from a sweep file.
-
-    `name` is how the record names the sweep (default: the path as given; the committed one is
-    `benchmarks/results/horizon_sweep.json`, relative to the repository, never a machine's path).
-    """
-    path = Path(sweep_path)
+def _read_sweep(path: Path) -> tuple[dict[str, Any], bytes]:
     raw = path.read_bytes()
     try:
-        sweep = json.loads(raw)
+        return json.loads(raw), raw
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: the horizon sweep's results are not valid JSON ({e})") from e
-    t = thresholds_from_sweep(sweep, source=name or str(sweep_path))
-    t.sweep_sha256 = hashlib.sha256(raw).hexdigest()
-    t.sweep_commit = _last_commit(path.resolve())
+
+
+def calibration_record(sweep_path: str | Path | Sequence[str | Path], name: str | Sequence[str] | None = None
+                       ) -> dict[str, Any]:
+    """What `write_thresholds` stores: the calibrated fields and their provenance, from one sweep file or
+    several (several families: merged by `merge_sweeps`, so the crossover is read across all of them).
+
+    `name` is how the record names each sweep (default: the path as given; the committed ones sit in
+    `benchmarks/results/`, named relative to the repository, never by a machine's path). With several
+    sweeps, `sweep_sha256` and `sweep_commit` list one value per sweep, space-separated, in order.
+    """
+    paths = [Path(sweep_path)] if isinstance(sweep_path, (str, Path)) else [Path(p) for p in sweep_path]
+    if not paths:
+        raise ValueError("calibration: no sweep files given")
+    names = [str(p) for p in paths] if name is None else ([name] if isinstance(name, str) else list(name))
+    if len(names) != len(paths):
+        raise ValueError(f"calibration: {len(paths)} sweep files but {len(names)} names")
+    read = [_read_sweep(p) for p in paths]
+    sweep = read[0][0] if len(read) == 1 else merge_sweeps({n: sw for n, (sw, _) in zip(names, read)})
+    t = thresholds_from_sweep(sweep, source=" + ".join(names))
+    t.sweep_sha256 = " ".join(hashlib.sha256(raw).hexdigest() for _, raw in read)
+    commits = [_last_commit(p.resolve()) for p in paths]
+    t.sweep_commit = None if not any(commits) else " ".join(c or "-" for c in commits)
     fields = t.model_dump()
     return {
-        "generated_by": f"python -m agentrl.probe calibrate {name or sweep_path}",
+        "generated_by": f"python -m agentrl.probe calibrate {' '.join(names)}",
         "thresholds": {k: fields[k] for k in (*CALIBRATED, *PROVENANCE)},
     }
 
@@ -243,8 +320,10 @@ def packaged_path() -> Path:
     return Path(__file__).resolve().parent / PACKAGED
 
 
-def write_thresholds(sweep_path: str | Path, out: str | Path | None = None, name: str | None = None) -> Path:
-    """Calibrate on `sweep_path` and write the record to `out` (default: the package's thresholds.json)."""
+def write_thresholds(sweep_path: str | Path | Sequence[str | Path], out: str | Path | None = None,
+                     name: str | Sequence[str] | None = None) -> Path:
+    """Calibrate on `sweep_path` (one sweep file or several) and write the record to `out` (default: the
+    package's thresholds.json)."""
     record = calibration_record(sweep_path, name)
     target = Path(out) if out is not None else packaged_path()
     target.write_text(json.dumps(record, indent=2) + "\n")
@@ -259,8 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "sweep",
-        help="a sweep.json written by benchmarks/horizon_sweep.py (the committed one: "
-        "benchmarks/results/horizon_sweep.json)",
+        nargs="+",
+        help="sweep.json files written by benchmarks/horizon_sweep.py, one per task family; several are merged "
+        "(the committed ones: benchmarks/results/horizon_sweep*.json)",
     )
     ap.add_argument(
         "--out",

@@ -71,12 +71,17 @@ class RuleOutcome(BaseModel):
 
 
 class Recommendation(BaseModel):
-    """The first matching rule's pick."""
+    """The first matching rule's pick, and how well the calibration sweeps back it."""
 
     algo: str
     rule: str
     reason: str
     advice: str | None = None
+    confidence: str = Field("unmeasured", description="'measured' (the calibration sweeps show the pick's edge, or, "
+                            "for grpo below the cut-off, no edge to take), 'no reliable difference' (a turn-level "
+                            "pick the sweeps did not separate from grpo: grpo instead), 'unmeasured' (a heuristic "
+                            "rule or uncalibrated thresholds: the sweeps say nothing either way)")
+    evidence: str = Field("", description="the figures behind `confidence`, in words")
 
 
 class ProbeResult(BaseModel):

@@ -14,6 +14,12 @@ calibration fills the candidates and the long-horizon pick from a sweep over eve
 assigner (`turn_level` in `agentrl.algorithms.ASSIGNERS`), so a newly registered assigner that
 wins the sweep is recommended without touching this module, and `picks` routes a condition to it.
 
+After the first match, one gate: a turn-level pick is kept only if the calibration sweeps measured it ahead
+of grpo by more than the seeds' spread past the cut-off (`thresholds.evidence`); otherwise the answer is
+"no reliable difference: grpo", the cheapest assigner (no critic, no PRM), with the figures. Step-scores-
+only is exempt (with silent outcomes grpo has no signal at all). Every recommendation carries its
+`confidence` and `evidence`.
+
 Rule 3 refines "many zero-advantage groups -> fix sampling first": when the outcomes are silent but
 the environment scores turns, steppo has a signal no outcome-based assigner has (the horizon sweep
 at 16 locks: a warm start at 0 that only steppo moved). The horizon comes before the turn-level
@@ -242,12 +248,43 @@ def rules(s: ProbeStats, th: ProbeThresholds, budget: int | None) -> list[RuleOu
     return [rule(s, th, budget) for rule in RULES]
 
 
+# Rules whose pick does not rest on the calibration's turn-level comparison, and what backs them instead
+_NOT_GATED = {"step-scores-only": "the outcomes are silent; the step scores are the only signal there is"}
+_UNMEASURED = {"too-few-episodes", "no-signal", "small-budget"}  # safe defaults: no sweep compares them
+
+
+def backing(fired: RuleOutcome, th: ProbeThresholds) -> tuple[str, str]:
+    """(confidence, evidence) for a fired rule's pick under thresholds `th` (see `Recommendation.confidence`)."""
+    if fired.name in _UNMEASURED or fired.name in _NOT_GATED:
+        return "unmeasured", _NOT_GATED.get(fired.name, "a safe default, not a comparison the sweeps made")
+    if not th.evidence:
+        return "unmeasured", f"the thresholds ({th.source}) carry no measured comparison with {BASELINE}"
+    if fired.algo == BASELINE:
+        if fired.name == "short-horizon":
+            return "measured", (f"below the cut-off no turn-level assigner beat {BASELINE} beyond the spread "
+                                f"({th.source})")
+        return "unmeasured", f"{fired.name} falls back to {BASELINE} on a heuristic threshold"
+    e = th.evidence.get(fired.algo)
+    if e is None:
+        return "no reliable difference", f"the calibration sweeps never ran {fired.algo} past the cut-off"
+    return ("measured" if e.reliable else "no reliable difference"), e.describe(fired.algo)
+
+
 def recommend(
     s: ProbeStats, th: ProbeThresholds, budget: int | None = None
 ) -> tuple[Recommendation, list[RuleOutcome]]:
-    """The first matching rule's pick, and every rule's outcome."""
+    """The first matching rule's pick, through the no-reliable-difference gate, and every rule's outcome."""
     outcomes = rules(s, th, budget)
     fired = next(r for r in outcomes if r.matched)  # long-horizon always matches
+    confidence, evidence = backing(fired, th)
+    if confidence == "no reliable difference":
+        return Recommendation(
+            algo=BASELINE, rule="no-reliable-difference", confidence=confidence, evidence=evidence,
+            reason=f"no reliable difference: {BASELINE}. {fired.name} would pick {fired.algo}, but {evidence}; "
+            f"where the sweeps cannot tell them apart the cheapest assigner ({BASELINE}: no critic, no PRM) is "
+            "the pick",
+        ), outcomes
     return Recommendation(
-        algo=fired.algo, rule=fired.name, reason=f"{fired.name}: {fired.reason}", advice=ADVICE.get(fired.name)
+        algo=fired.algo, rule=fired.name, reason=f"{fired.name}: {fired.reason}", advice=ADVICE.get(fired.name),
+        confidence=confidence, evidence=evidence,
     ), outcomes

@@ -32,7 +32,7 @@ PACKAGED = "thresholds.json"  # package data of agentrl.probe
 
 # The fields a sweep calibrates (the rest keep the defaults written below), and the fields that
 # say where they came from. `agentrl.probe.calibration` writes exactly these to `PACKAGED`.
-CALIBRATED = ("horizon_cutoff", "min_budget_episodes", "turn_level_candidates", "long_horizon_algo")
+CALIBRATED = ("horizon_cutoff", "min_budget_episodes", "turn_level_candidates", "long_horizon_algo", "evidence")
 PROVENANCE = ("source", "sweep_started", "sweep_command", "sweep_sha256", "sweep_commit", "derivation")
 
 
@@ -52,6 +52,28 @@ def _registered(names: list[str], field: str) -> list[str]:
             f"{field}: {unknown} not registered in agentrl.algorithms.ASSIGNERS; known: {sorted(ASSIGNERS)}"
         )
     return names
+
+
+class Evidence(BaseModel):
+    """What the calibration sweeps measured for one assigner against grpo past the horizon cut-off: how a pick
+    of it is backed. `lead` is its mean final pass rate minus grpo's, averaged over those horizons; `spread`
+    the seeds' spread there, averaged the same way (`agentrl.probe.horizon_spread`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lead: float
+    spread: float
+    horizons: int = Field(ge=0, description="calibration horizons past the cut-off that ran it")
+    wins: int = Field(ge=0, description="of those, where its lead over grpo exceeded that horizon's spread")
+
+    @property
+    def reliable(self) -> bool:
+        """Ahead of grpo by more than the seeds' spread on average: a difference the sweeps can show."""
+        return self.horizons > 0 and self.lead > self.spread
+
+    def describe(self, algo: str) -> str:
+        return (f"in the calibration sweeps {algo} led {BASELINE} by {self.lead:+.3f} (spread {self.spread:.3f}) over "
+                f"{self.horizons} horizon(s) past the cut-off, beyond the spread at {self.wins}")
 
 
 class ProbeThresholds(BaseModel):
@@ -98,6 +120,12 @@ class ProbeThresholds(BaseModel):
         "turn-ppo",
         description="Picked at a long horizon when no more specific rule fires. §5: turn-ppo; from a sweep: the best "
         "turn-level assigner past the crossover.",
+    )
+    evidence: dict[str, Evidence] = Field(
+        default_factory=dict,
+        description="Per assigner, its measured lead over grpo past the cut-off in the calibration sweeps. A "
+        "turn-level pick whose lead is not beyond the spread becomes grpo ('no reliable difference'); empty (the "
+        "literature fallback, or a calibration from before it was recorded): picks are kept and marked unmeasured.",
     )
     picks: dict[str, str] = Field(
         default_factory=lambda: {
