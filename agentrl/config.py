@@ -204,6 +204,11 @@ class RolloutConfig(Strict):
         "(every turn waits for every env call, tools still concurrent). Batched log-probs depend in their last bit on "
         "which rows share a forward, and under arrival that depends on timing: lockstep (or env_workers serial) makes "
         "a run, and a resumed run, bit-identical on CPU.")
+    share_prefill: bool = Field(
+        True, description="Prefill a prompt that several rows start from once and copy its keys and values to each "
+        "(a group's G samples share one prompt: G times fewer prompt tokens through the model). The samples are "
+        "those of a row-by-row prefill up to the last bit of a matmul at another batch size; off: every row's prompt "
+        "runs (torch engine; vLLM shares prefixes in its own cache).")
     history: Literal["auto", "append", "template"] = Field(
         "auto", description="How each turn's context is laid out. append: the model's earlier actions and the "
         "observations token for token, one sequence per episode (one prefill, the cache kept). template: the chat "

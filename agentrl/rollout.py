@@ -46,6 +46,8 @@ class RolloutStats:
     layout_example: str | None = None  # where the first drifting episode parts from the template
     segmented: int = 0  # episodes trained as several segments (the template rewrote their history)
     segments: int = 0  # segments in all (an unsegmented episode counts one)
+    prefill_tokens: int = 0  # prompt tokens the engine ran (an engine that does not count them: 0)
+    prefill_tokens_saved: int = 0  # ... and those it skipped because rows shared a prompt (share_prefill)
 
     @property
     def tokens_per_second(self) -> float:
@@ -173,6 +175,8 @@ class _Driver:
             for future in [f for f in self.in_flight if f.done()]:  # everything else that has arrived
                 self._answer(future)
         self.stats.seconds = time.perf_counter() - t0
+        self.stats.prefill_tokens = int(getattr(self.session, "prefill_tokens", 0))
+        self.stats.prefill_tokens_saved = int(getattr(self.session, "prefill_saved", 0))
         episodes = [e for e in self.episodes if e is not None]
         self.stats.episodes = len(episodes)
         self.stats.turns = sum(e.num_turns for e in episodes)

@@ -132,9 +132,13 @@ def resolve_device(name: str) -> torch.device:
 def make_engine(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig, seed: int,
                 capture_hidden: bool = False) -> Any:
     """The configured engine (a lookup in agentrl.engines.ENGINES), generating from `policy`, in `rollout.dtype`
-    (an engine registered without a `dtype` argument is built as before while it is auto)."""
+    (an engine registered without a `dtype` argument is built as before while it is auto). An engine with a
+    `share_prefill` switch (torch) gets `rollout.share_prefill`."""
     precision = {} if cfg.rollout.dtype == "auto" else {"dtype": cfg.rollout.dtype}
-    return get_engine_spec(cfg.engine).load()(policy, sampling, seed=seed, capture_hidden=capture_hidden, **precision)
+    engine = get_engine_spec(cfg.engine).load()(policy, sampling, seed=seed, capture_hidden=capture_hidden, **precision)
+    if hasattr(engine, "share_prefill"):
+        engine.share_prefill = cfg.rollout.share_prefill
+    return engine
 
 
 def heldout_env_kwargs(cfg: TrainConfig) -> dict[str, Any]:
@@ -554,6 +558,7 @@ class Trainer:
         extra = cfg.credit.max_resample_batches if resample else 0
         lo, hi = self.ranks.block(cfg.rollout.groups)
         self.owner = {}
+        prefill = [0, 0]  # prompt tokens the engine ran, and skipped by sharing them (this rank's, every attempt)
         for attempt in range(1 + extra):
             # every rank draws the whole update's task seeds and rolls out its own block of the groups
             task_seeds = self.task_rng.integers(0, cfg.eval.seed_offset, size=cfg.rollout.groups).tolist()
@@ -574,6 +579,8 @@ class Trainer:
             _raise_on_errors(episodes, path.parent if self.ranks.world > 1 else path)
             all_eps += episodes
             self._report_layout(rstats)
+            prefill[0] += rstats.prefill_tokens
+            prefill[1] += rstats.prefill_tokens_saved
             if not resample:
                 kept = episodes
                 break
@@ -581,6 +588,8 @@ class Trainer:
             if len(kept) >= cfg.rollout.groups * G:
                 break
         metrics = rollout_metrics(all_eps, time.perf_counter() - t0)
+        if any(prefill):
+            metrics["rollout/prefill_tokens"], metrics["rollout/prefill_tokens_saved"] = map(float, prefill)
         if resample:
             metrics["rollout/resample_batches"] = float(attempt)
             kept = kept[: cfg.rollout.groups * G] or all_eps  # no signal at all: train on nothing useful, but log it

@@ -109,6 +109,7 @@ def test_rolling_cache_changes_nothing_and_logprobs_match_recompute(vault_policy
         envs = [make("agentrl/Vault-v0", locks=1 + i % 3) for i in range(6)]
         engine = cls(vault_policy.model, sampling, chat.stop_ids, chat.eos_id, chat.pad_id, seed=4, capture_hidden=True)
         engine.length_buckets = False  # one forward over the whole batch in both runs (DynamicCache has no windows)
+        engine.share_prefill = False  # the prompts' common prefix run once is test_engine_prefix.py's
         # serial env steps: the same batches in both runs, so that log-probs can compare bit for bit
         runs.append(rollout(envs, list(range(6)), engine, chat, workers="serial")[0])
     rolling, plain = runs

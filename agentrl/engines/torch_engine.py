@@ -189,6 +189,10 @@ class TorchEngine:
         self.split_cost = 3200.0 if self.device.type == "cpu" else 1e12
         self.row_cost = 156.0
         self.compact_cost = 0.25  # one gather of a row-position, against a turn's attention over it
+        # Rows that start with the same prompt (a GRPO group's G samples) are prefilled once and their keys and
+        # values copied to each row (TorchSession._share_prefill); rollout.share_prefill turns it off.
+        self.share_prefill = True
+        self.min_shared_prefix = 16  # a prefix common to different prompts is run once when at least this long
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Copy the learner's current weights into the engine's own bf16 copy (dtype bf16 only)."""
@@ -254,6 +258,15 @@ class _Group:
     window: bool  # a view of the session's buffers (else the session's own cache and mask)
 
 
+def _common_prefix(seqs: Sequence[Sequence[int]]) -> int:
+    """The length of the longest prefix every sequence starts with."""
+    n = min(len(q) for q in seqs)
+    for i in range(n):
+        if any(q[i] != seqs[0][i] for q in seqs[1:]):
+            return i
+    return n
+
+
 def _fit(view: torch.Tensor, buf: torch.Tensor | None, need: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`view` as the leading part of a buffer with room for `need` positions along `dim`, zero past the
     view (so that positions no forward writes hold finite numbers); reallocates only when short."""
@@ -309,6 +322,8 @@ class TorchSession:
         self.tokens_fed = 0  # padded positions run through the model (for throughput accounting)
         self.groups_run = 0  # turns' forwards run on a window of the cache (a run of slots), for tests and benchmarks
         self.compactions = 0
+        self.prefill_tokens = 0  # prompt tokens the model ran for rows joining the batch (real, not padding)
+        self.prefill_saved = 0  # ... and those it did not run because another row's prompt shared them
         self.turn_hidden: torch.Tensor | None = None
         self.started: list[int] = []
         self._group: _Group | None = None
@@ -445,7 +460,9 @@ class TorchSession:
             runs = sorted_runs
         return runs
 
-    def _prepare(self, slots: list[int]) -> None:
+    def _prepare(self, slots: list[int]) -> list[int]:
+        """Check every slot has something to feed and clear the reused ones; returns the slots joining the batch."""
+        joining = []
         for s in slots:
             if not self.pending[s]:
                 raise ValueError(f"row {self.slot_rows[s]} has nothing to feed: extend() it with its observation "
@@ -456,6 +473,71 @@ class TorchSession:
                     self.holes = True
                 self.pos[s] = 0
                 self.fresh[s] = False
+                joining.append(s)
+        return joining
+
+    def _share_prefill(self, joining: list[int], slots: list[int]) -> None:
+        """Prefill the prompts of the rows joining the batch once per distinct prompt, not once per row.
+
+        A GRPO group's G rows start from one prompt: each distinct prompt (all but its last token) runs
+        through the model in a cache of its own, and its keys and values are copied into every slot that
+        starts with it (keys carry their rotary position, which is the row's own count, so where they sit in
+        the cache changes nothing). A prefix common to all the distinct prompts (a system prompt and its
+        tools), `min_shared_prefix` tokens or more, runs once for all of them. The last prompt token stays
+        pending: the turn's first forward feeds it and samples from its logits, as without sharing. The
+        samples are the unshared engine's up to the last bit of a matmul run at another batch size
+        (tests/test_engine_prefix.py counts the flips)."""
+        eng = self.engine
+        heads = {s: tuple(self.pending[s][:-1]) for s in joining}
+        self.prefill_tokens += sum(len(self.pending[s]) for s in joining)
+        unique = list(dict.fromkeys(h for h in heads.values() if h))
+        prefix = _common_prefix(unique) if len(unique) > 1 else 0
+        prefix = prefix if prefix >= eng.min_shared_prefix else 0
+        run = prefix + sum(len(h) - prefix for h in unique)  # head tokens the shared prefill runs
+        saved = sum(len(h) for h in heads.values()) - run
+        if not eng.share_prefill or saved < eng.min_shared_prefix or not isinstance(self.cache, _RollingCache):
+            return
+        dev, model = eng.device, eng.model
+        own = DynamicCache()
+        if prefix:  # the common prefix once, then as many copies as there are distinct prompts
+            ids = torch.tensor([unique[0][:prefix]], dtype=torch.long, device=dev)
+            model(input_ids=ids, position_ids=torch.arange(prefix, device=dev)[None], use_cache=True,
+                  **{eng.cache_kwarg: own}, **eng.last_logits)
+            own.batch_repeat_interleave(len(unique))
+        width = max(len(h) for h in unique) - prefix
+        mask = torch.ones(len(unique), prefix + width, dtype=torch.long, device=dev)  # (U, P + W)
+        if width:  # the distinct rest, left-padded
+            ids = torch.full((len(unique), width), eng.pad_id, dtype=torch.long, device=dev)  # (U, W)
+            for u, h in enumerate(unique):
+                tail = h[prefix:]
+                ids[u, width - len(tail):] = torch.tensor(tail, dtype=torch.long, device=dev)
+                mask[u, prefix : prefix + width - len(tail)] = 0
+            pos = (prefix + mask[:, prefix:].cumsum(1) - 1).clamp(min=0)  # (U, W)
+            model(input_ids=ids, attention_mask=None if bool(mask.all()) else mask, position_ids=pos, use_cache=True,
+                  **{eng.cache_kwarg: own}, **eng.last_logits)
+        self.tokens_fed += prefix + len(unique) * width
+        # every slot gets the new positions: the joining rows their prompt's, the rest masked holes
+        B, length, span = len(self.slot_rows), self.cache_len, prefix + width
+        which = {h: u for u, h in enumerate(unique)}
+        takers = [s for s in joining if heads[s]]
+        dst = torch.tensor(takers, dtype=torch.long, device=dev)
+        src = torch.tensor([which[heads[s]] for s in takers], dtype=torch.long, device=dev)
+        rest = max([1] + [len(self.pending[s]) for s in slots if s not in heads])
+        self.room = self.cache.room = length + span + rest + eng.sampling.max_new_tokens
+        for i, layer in enumerate(own.layers):
+            keys = layer.keys.new_zeros(B, *layer.keys.shape[1:])  # (B, H, P + W, D)
+            values = layer.values.new_zeros(B, *layer.values.shape[1:])
+            keys[dst], values[dst] = layer.keys[src], layer.values[src]
+            self.cache.update(keys, values, i)
+        new = mask.new_zeros(B, span)  # (B, P + W)
+        new[dst] = mask[src]
+        self.mask, self.mask_buf = _append(self.mask, self.mask_buf, new, self.room, dim=1)
+        self.holes = self.holes or not bool(new.all())
+        for s in takers:
+            self.pos[s] = len(heads[s])
+            self.pending[s] = self.pending[s][-1:]
+        self.prefill_tokens -= saved
+        self.prefill_saved += saved
 
     def _open(self, lo: int, hi: int, start: int, window: bool) -> _Group:
         if not window:
@@ -482,7 +564,8 @@ class TorchSession:
             forced = list(forced)
             if len(forced) != len(wanted):
                 raise ValueError(f"generate() got {len(forced)} forced actions for {len(wanted)} rows")
-        self._prepare(slots)
+        joining = self._prepare(slots)
+        self._share_prefill(joining, slots)
         runs = self._plan(slots)
         slots = self._slots(wanted)  # the plan may have moved rows to other slots
         B, length = len(self.slot_rows), self.cache_len
