@@ -127,11 +127,41 @@ def build_model(folder: Path, seed: int) -> Path:
     return folder
 
 
+def real_model_folder(folder: Path, name: str) -> Path:
+    """A fetched model (`agentrl models fetch NAME`) in a folder of its own: the weights linked, the rest copied,
+    and its generation config told the template's stop tokens (which TRL reads); the cache is not touched."""
+    import shutil
+
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from agentrl.models import resolve
+
+    source = Path(resolve(name))
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in source.iterdir():
+        target = folder / f.name
+        if target.exists() or target.is_symlink():
+            target.unlink()
+        if f.suffix == ".safetensors":
+            target.symlink_to(f.resolve())
+        else:
+            shutil.copy(f, target)
+    chat = ChatFormat(AutoTokenizer.from_pretrained(folder))
+    gen = GenerationConfig.from_pretrained(folder)
+    gen.eos_token_id = list(chat.stop_ids)
+    gen.pad_token_id = chat.pad_id
+    gen.save_pretrained(folder)
+    return folder
+
+
 def prompt_text(tokenizer: Any, seed: int) -> str:
+    """The prompt as text, as agentrl lays it out (a template that ignores tools= gets them in the system prompt
+    from agentrl's ChatFormat, so the text is decoded from agentrl's own prompt ids; the caller checks that TRL's
+    tokenisation of it gives those ids back)."""
     env = OneTurnArithmetic()
     obs, _ = env.reset(seed=seed)
-    msgs = [{"role": "system", "content": env.system_prompt}, {"role": "user", "content": obs}]
-    return tokenizer.apply_chat_template(msgs, tools=env.tool_schemas(), tokenize=False, add_generation_prompt=True)
+    ids = ChatFormat(tokenizer).prompt_ids(obs, env.tool_schemas(), env.system_prompt)
+    return tokenizer.decode(ids, skip_special_tokens=False)
 
 
 class Turns:
@@ -238,12 +268,16 @@ def trl_trainer(model_dir: Path, args: argparse.Namespace, out: Path, turns: Tur
     if tokenizer(text=[data[0]["prompt"]])["input_ids"][0] != agentrl_ids:
         raise RuntimeError("TRL's prompt tokens differ from agentrl's; the comparison would not be like for like")
 
+    reward_s: list[float] = []
+
     def reward(prompts, completions, completion_ids, seed, **_):
+        t0 = time.perf_counter()
         out = []
         for ids, s in zip(completion_ids, seed):
             env.reset(seed=s)
             _, r, *_ = env.step(chat.decode(list(ids)))  # decoded as agentrl's rollout decodes an action
             out.append(r)
+        reward_s.append(time.perf_counter() - t0)
         return out
 
     step_logs: list[dict[str, Any]] = []
@@ -295,6 +329,7 @@ def trl_trainer(model_dir: Path, args: argparse.Namespace, out: Path, turns: Tur
 
     trainer._generate_single_turn = timed_generate
     trainer.bench_generate_s = generate_s
+    trainer.bench_reward_s = reward_s
     if sorted(trainer.eos_token_ids) != sorted(chat.stop_ids):
         raise RuntimeError(f"TRL stops at {trainer.eos_token_ids}, agentrl at {chat.stop_ids}")
     dtype = next(trainer.model.parameters()).dtype
@@ -352,12 +387,15 @@ def run_both(model_dir: Path, args: argparse.Namespace, work: Path) -> dict[str,
                     "completion_len": statistics.mean(r["rollout/action_tokens_mean"] for r in a_updates[1:]),
                     "reward_mean": statistics.mean(r["rollout/reward_mean"] for r in a_updates[1:]),
                     "sampling_s": [r["time/rollout_s"] for r in a_updates[1:]],
+                    "prefill_tokens": [r.get("rollout/prefill_tokens", 0.0) for r in a_updates[1:]],
+                    "prefill_tokens_saved": [r.get("rollout/prefill_tokens_saved", 0.0) for r in a_updates[1:]],
                     "skipped": sum(1 for r in a_updates[1:] if not r.get("train/trained_episodes")),
                     "parameters": results["agentrl"]["parameters"]},
         "trl": {"wall": turns.wall["trl"][1:], "cpu": turns.cpu["trl"][1:],
                 "completion_len": statistics.mean(r["completions/mean_length"] for r in t_logs[1:]),
                 "reward_mean": statistics.mean(r["reward"] for r in t_logs[1:]),
                 "sampling_s": t_trainer.bench_generate_s[1:],
+                "scoring_s": t_trainer.bench_reward_s[1:],
                 "parameters": sum(p.numel() for p in t_trainer.model.parameters())},
     }
 
@@ -373,7 +411,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "only when beta > 0)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch.set_num_threads for both sides")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", default="tiny", help="tiny (the untrained 0.9M Llama above, built here) or a model "
+                    "agentrl fetches, e.g. smollm2-135m-instruct (`agentrl models fetch`; its own template and "
+                    "tokenizer, tools in the system prompt as agentrl writes them)")
     ap.add_argument("--out", default=None, help="work folder (model, runs); default: a fresh temporary folder")
+    ap.add_argument("--save", default=None, help="also write the JSON here (e.g. benchmarks/results/vs_trl_smollm2.json)")
     args = ap.parse_args(argv)
     if args.group_size < 2:
         ap.error("--group-size must be >= 2 (TRL's GRPO needs two generations per prompt)")
@@ -384,7 +426,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     work = Path(args.out or tempfile.mkdtemp(prefix="agentrl-vs-trl-"))
     work.mkdir(parents=True, exist_ok=True)
-    model_dir = build_model(work / "model", args.seed)
+    real = args.model != "tiny"
+    model_dir = real_model_folder(work / "model", args.model) if real else build_model(work / "model", args.seed)
     episodes = args.prompts * args.group_size
 
     load_before = os.getloadavg()[0]
@@ -396,7 +439,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     def side(r: dict[str, Any]) -> dict[str, Any]:
         s = statistics.median(r["wall"])
+        sampling, scoring = statistics.median(r["sampling_s"]), statistics.median(r.get("scoring_s") or [0.0])
+        extra = {k: statistics.median(r[k]) for k in ("prefill_tokens", "prefill_tokens_saved") if k in r}
         return {"s_per_update": round(s, 3), "episodes_per_s": round(episodes / s, 2),
+                # the update's phases (medians): rollout, scoring where it is apart from it, and the rest
+                "phases_s": {"rollout": round(sampling, 3), "scoring": round(scoring, 3),
+                             "training": round(s - sampling - scoring, 3)},
+                **{k: round(v, 1) for k, v in extra.items()},
                 "s_per_update_mean": round(statistics.mean(r["wall"]), 3), "s_per_update_min": round(min(r["wall"]), 3),
                 "updates_s": [round(x, 3) for x in r["wall"]],
                 "cpu_s_per_update": round(statistics.median(r["cpu"]), 3),
@@ -404,9 +453,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "mean_completion_tokens": round(r["completion_len"], 2), "reward_mean": round(r["reward_mean"], 4)}
 
     sa, st = side(a), side(t)
+    # the bound: agentrl's update with a free rollout (its scoring is inside its rollout, so the rest is training)
+    bound = st["s_per_update"] / max(sa["s_per_update"] - sa["phases_s"]["rollout"], 1e-9)
+    ratio = st["s_per_update"] / sa["s_per_update"]
     result = {
         "benchmark": "vs_trl_grpo_update",
-        "ratio": round(st["s_per_update"] / sa["s_per_update"], 3),
+        "ratio": round(ratio, 3),
+        "bound": round(bound, 3),
+        "bound_how": "TRL's s/update over agentrl's s/update less its rollout: the ratio if agentrl's rollout cost "
+        "nothing and its training stayed as measured",
+        "fraction_of_bound": round((ratio - 1) / (bound - 1), 3) if bound > 1 else None,
+        "load": [round(load_before, 2), round(load_after, 2)],  # 1-minute load average before and after
         "ratio_min": round(st["s_per_update_min"] / sa["s_per_update_min"], 3),
         "ratio_cpu": round(st["cpu_s_per_update"] / sa["cpu_s_per_update"], 3),
         # an agentrl update with no reward variance skips its optimizer step while TRL's does not
@@ -420,9 +477,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "max_new_tokens": args.max_new_tokens,
         "timed_updates": args.updates,
         "kl_coef": args.kl_coef,
-        "model": {**MODEL.model_dump(), "vocab_tokens": len(AutoTokenizer.from_pretrained(model_dir)),
-                  "parameters": a["parameters"],
-                  "trained": False},
+        "model": args.model if real else "tiny-untrained",
+        "model_config": ({"parameters": a["parameters"], "vocab_tokens": len(AutoTokenizer.from_pretrained(model_dir))}
+                         if real else {**MODEL.model_dump(), "vocab_tokens": len(AutoTokenizer.from_pretrained(model_dir)),
+                                       "parameters": a["parameters"], "trained": False}),
         "trl_version": trl.__version__,
         "torch_version": torch.__version__,
         "transformers_version": __import__("transformers").__version__,
@@ -435,8 +493,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         + " ".join(shlex.quote(x) for x in [os.path.relpath(sys.argv[0]), *(sys.argv[1:] if argv is None else argv)]),
         "work_dir": str(work),
     }
+    what = args.model if real else "Llama (untrained)"
     print(f"\nOne GRPO update, {args.prompts} prompts x {args.group_size} = {episodes} episodes, up to "
-          f"{args.max_new_tokens} tokens, {a['parameters'] / 1e6:.2f}M-parameter Llama (untrained), "
+          f"{args.max_new_tokens} tokens, {a['parameters'] / 1e6:.2f}M-parameter {what}, "
           f"{torch.get_num_threads()} threads, {args.updates} timed updates each, taking turns, after 1 warm-up; load "
           f"average {load_before:.1f} -> {load_after:.1f}")
     print(f"{'':10} {'s/update':>9} {'(min)':>7} {'episodes/s':>11} {'CPU s/update':>13} {'sampling s':>11} "
@@ -448,9 +507,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print("(sampling s: agentrl's rollout incl. env steps and the Parquet write; TRL's model.generate() call; medians)")
     print(f"ratio (TRL s/update / agentrl s/update, medians): {result['ratio']:.2f}x  (fastest updates: "
           f"{result['ratio_min']:.2f}x, CPU seconds: {result['ratio_cpu']:.2f}x)")
+    for name, x in (("agentrl", sa), ("TRL", st)):
+        print(f"  {name} phases (s): " + ", ".join(f"{k} {v:.2f}" for k, v in x["phases_s"].items())
+              + (f"; prompt tokens prefilled {x['prefill_tokens']:.0f}, saved by sharing {x['prefill_tokens_saved']:.0f}"
+                 if "prefill_tokens" in x else ""))
+    print(f"bound (agentrl with a free rollout): {result['bound']:.2f}x; fraction of the possible gain reached: "
+          f"{result['fraction_of_bound']}")
     if a["skipped"]:
         print(f"NOT LIKE FOR LIKE: {a['skipped']} timed agentrl update(s) had no reward variance and skipped the "
               "optimizer step")
+    if args.save:
+        Path(args.save).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))
     return result
 
