@@ -415,7 +415,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "agentrl fetches, e.g. smollm2-135m-instruct (`agentrl models fetch`; its own template and "
                     "tokenizer, tools in the system prompt as agentrl writes them)")
     ap.add_argument("--out", default=None, help="work folder (model, runs); default: a fresh temporary folder")
-    ap.add_argument("--save", default=None, help="also write the JSON here (e.g. benchmarks/results/vs_trl_smollm2.json)")
+    ap.add_argument("--save", default=None,
+                    help="also write the JSON here (e.g. benchmarks/results/vs_trl_smollm2.json)")
     args = ap.parse_args(argv)
     if args.group_size < 2:
         ap.error("--group-size must be >= 2 (TRL's GRPO needs two generations per prompt)")
@@ -478,9 +479,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "timed_updates": args.updates,
         "kl_coef": args.kl_coef,
         "model": args.model if real else "tiny-untrained",
-        "model_config": ({"parameters": a["parameters"], "vocab_tokens": len(AutoTokenizer.from_pretrained(model_dir))}
-                         if real else {**MODEL.model_dump(), "vocab_tokens": len(AutoTokenizer.from_pretrained(model_dir)),
-                                       "parameters": a["parameters"], "trained": False}),
+        "model_config": {**({} if real else {**MODEL.model_dump(), "trained": False}), "parameters": a["parameters"],
+                         "vocab_tokens": len(AutoTokenizer.from_pretrained(model_dir))},
         "trl_version": trl.__version__,
         "torch_version": torch.__version__,
         "transformers_version": __import__("transformers").__version__,
@@ -509,8 +509,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"{result['ratio_min']:.2f}x, CPU seconds: {result['ratio_cpu']:.2f}x)")
     for name, x in (("agentrl", sa), ("TRL", st)):
         print(f"  {name} phases (s): " + ", ".join(f"{k} {v:.2f}" for k, v in x["phases_s"].items())
-              + (f"; prompt tokens prefilled {x['prefill_tokens']:.0f}, saved by sharing {x['prefill_tokens_saved']:.0f}"
-                 if "prefill_tokens" in x else ""))
+              + (f"; prompt tokens prefilled {x['prefill_tokens']:.0f}, saved by sharing "
+                 f"{x['prefill_tokens_saved']:.0f}" if "prefill_tokens" in x else ""))
     print(f"bound (agentrl with a free rollout): {result['bound']:.2f}x; fraction of the possible gain reached: "
           f"{result['fraction_of_bound']}")
     if a["skipped"]:
