@@ -119,8 +119,11 @@ def probe_sweep(sweep: dict[str, Any], th: Any, groups: int, out: Path, label: s
                      "warm_start_pass_rate": h.get("warm_start_pass_rate"), "budget_episodes": budget,
                      "stats": s.model_dump(), "rule": rec.rule, "recommended": rec.algo, "best": m.best,
                      "means": m.means, "spread": m.spread, "within": m.within, "agree": rec.algo in m.within,
-                     "probe_s": round(time.perf_counter() - t1, 1)})
-        print(f"[{family.name} {knob} {n}] probe: {rec.algo} ({rec.rule}); sweep best {m.best}, within spread "
+                     # a reused row keeps what its probe cost when it ran
+                     "probe_s": earlier.get("probe_s", 0.0) if earlier is not None
+                     else round(time.perf_counter() - t1, 1)})
+        print(f"[{family.name} {knob} {n}] probe ({th.source} thresholds): {rec.algo} ({rec.rule}); sweep best "
+              f"{m.best}, within spread "
               f"{m.within}", flush=True)
     return rows
 

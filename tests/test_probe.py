@@ -455,7 +455,7 @@ def test_packaged_thresholds_are_the_default_and_a_bad_record_is_refused():
     from agentrl.probe.thresholds import thresholds_from_record
 
     t = default_thresholds()
-    assert t.source.startswith("packaged") and t.sweep_sha256 and t.horizon_cutoff == 5.0
+    assert t.source.startswith("packaged") and t.sweep_sha256 and t.horizon_cutoff == 4.0
     assert probe_episodes(synthetic_store().episodes).thresholds == t  # what every caller gets without thresholds
     with pytest.raises(ValueError, match=r"fields \['min_episodes'\] are not calibrated"):
         thresholds_from_record({"thresholds": {"min_episodes": 3}}, "x.json")
@@ -531,7 +531,7 @@ def test_a_turn_level_pick_the_sweeps_did_not_separate_from_grpo_becomes_grpo():
     rec, _ = recommend(s, evidence_th(steppo=(0.03, 0.05)), 1000)  # steppo led by 0.03 < spread 0.05
     assert (rec.algo, rec.rule, rec.confidence) == ("grpo", "no-reliable-difference", "no reliable difference")
     assert rec.reason.startswith("no reliable difference: grpo. dense-step-scores would pick steppo")
-    assert "+0.030 (spread 0.050)" in rec.evidence
+    assert "+0.030 (seeds' spread 0.050)" in rec.evidence
     rec, _ = recommend(s, evidence_th(steppo=(0.12, 0.05)), 1000)  # a lead beyond the spread: kept
     assert (rec.algo, rec.rule, rec.confidence) == ("steppo", "dense-step-scores", "measured")
     rec, _ = recommend(s, evidence_th(gigpo=(0.2, 0.05)), 1000)  # steppo never ran past the cut-off
@@ -548,6 +548,53 @@ def test_the_gate_leaves_step_scores_only_and_says_how_sure_a_grpo_pick_is():
     assert (rec.algo, rec.rule, rec.confidence) == ("grpo", "short-horizon", "measured")
     rec, _ = recommend(stats(episodes=8), th, None)
     assert (rec.rule, rec.confidence) == ("too-few-episodes", "unmeasured")
+
+
+def backed_th(**ev) -> ProbeThresholds:
+    """TH with evidence: ev[algo] = (lead, seeds' spread, stderr of the mean lead, horizons)."""
+    from agentrl.probe.thresholds import Evidence
+
+    return TH.model_copy(update={"evidence": {
+        a: Evidence(lead=lead, spread=sp, stderr=se, horizons=n, wins=0) for a, (lead, sp, se, n) in ev.items()}})
+
+
+def test_a_lead_seen_on_many_horizons_is_reliable_though_each_horizon_alone_is_within_the_spread():
+    from agentrl.probe.thresholds import Evidence
+
+    # +0.03 on each of 9 horizons, the seeds' spread 0.06 at each: no single horizon separates them, but the
+    # mean lead's spread is 0.06 / sqrt(9) = 0.02
+    assert Evidence(lead=0.03, spread=0.06, stderr=0.02, horizons=9, wins=0).reliable
+    assert not Evidence(lead=0.03, spread=0.06, stderr=0.04, horizons=9, wins=0).reliable
+    assert not Evidence(lead=0.03, spread=0.06, horizons=9, wins=0).reliable  # an old record: against the spread
+    assert not Evidence(lead=0.03, spread=0.06, stderr=0.0, horizons=0, wins=0).reliable
+
+
+def test_an_unbacked_pick_gives_way_to_the_free_assigner_the_sweeps_back():
+    # critic-not-learnable with recurring states picks gigpo; the sweeps put gigpo level with grpo and steppo
+    # ahead beyond its lead's spread; the environment scores 10% of turns, so steppo needs no PRM here
+    th = backed_th(gigpo=(0.0, 0.06, 0.02, 9), steppo=(0.04, 0.06, 0.015, 9))
+    s = stats(value_r2=0.05, state_recurrence=0.5, step_reward_density=0.1)
+    rec, outcomes = recommend(s, th, None)
+    assert next(r for r in outcomes if r.matched).algo == "gigpo"
+    assert (rec.algo, rec.rule, rec.confidence) == ("steppo", "best-backed", "measured")
+    assert "+0.040 ± 0.015" in rec.evidence and "step_reward_density 0.10" in rec.reason
+    # no step scores: steppo would need a PRM, so it is not free; gigpo is free but not backed: grpo
+    rec, _ = recommend(s.model_copy(update={"step_reward_density": 0.0}), th, None)
+    assert (rec.algo, rec.rule, rec.confidence) == ("grpo", "no-reliable-difference", "no reliable difference")
+
+
+def test_a_heuristic_grpo_past_the_cut_off_takes_the_backed_free_assigner_but_a_measured_one_stays():
+    th = backed_th(steppo=(0.04, 0.06, 0.015, 9), arpo=(0.2, 0.06, 0.01, 9))
+    s = stats(value_r2=0.05, state_recurrence=0.0, step_reward_density=0.1)  # no recurrence: grpo, a heuristic
+    rec, _ = recommend(s, th, None)
+    assert (rec.algo, rec.rule) == ("steppo", "best-backed")  # arpo leads more, but it trains a critic
+    rec, _ = recommend(s, TH, None)  # no sweep evidence: the heuristic stands
+    assert (rec.algo, rec.rule) == ("grpo", "critic-not-learnable")
+    rec, _ = recommend(stats(turns_median=6, step_reward_density=0.1), th, None)  # below the cut-off: measured
+    assert (rec.algo, rec.rule, rec.confidence) == ("grpo", "short-horizon", "measured")
+    bad = th.model_copy(update={"free_signal": {"steppo": "no_such_statistic"}})
+    with pytest.raises(ValueError, match="no_such_statistic.*not a probe statistic"):
+        recommend(s, bad, None)
 
 
 def test_the_calibration_records_each_assigners_lead_past_the_crossover():

@@ -109,23 +109,27 @@ def test_wheel_recommends_what_the_checkout_recommends(wheel_python, tmp_path):
     assert Path(agentrl.probe.__file__).resolve().is_relative_to(ROOT)
     assert (wheel["algo"], wheel["rule"]) == (here.recommendation.algo, here.recommendation.rule)
     # and the store sits where the two sources of thresholds disagree: the packaged calibration takes it
-    # past the horizon cut-off (5 turns); the literature's 30 turns would have kept grpo
+    # past the horizon cut-off (4 turns); the literature's 30 turns would have kept grpo
     assert (here.recommendation.algo, here.recommendation.rule) == ("steppo", "long-horizon")
 
 
+# The committed sweeps the package is calibrated on, one per task family (docs/benchmarks.md, "The horizon probe")
+SWEEPS = [f"benchmarks/results/horizon_sweep{s}.json" for s in ("", "_hanoi_varied", "_textworld", "_frozenlake")]
+
+
 def test_packaged_thresholds_are_the_committed_sweeps_calibration():
-    """thresholds.json must be regenerated when the committed sweep (or the calibration) changes."""
-    record = calibration_record(
-        ROOT / "benchmarks" / "results" / "horizon_sweep.json", name="benchmarks/results/horizon_sweep.json"
-    )
+    """thresholds.json must be regenerated when the committed sweeps (or the calibration) change."""
+    record = calibration_record([ROOT / s for s in SWEEPS], name=SWEEPS)
     shipped = json.loads((ROOT / "agentrl" / "probe" / "thresholds.json").read_text())
     fresh, packaged = record["thresholds"], shipped["thresholds"]
     fresh.pop("sweep_commit"), packaged.pop("sweep_commit")  # which commit holds the file says nothing of its content
     assert packaged == fresh, (
-        "agentrl/probe/thresholds.json is stale: run python -m agentrl.probe calibrate "
-        "benchmarks/results/horizon_sweep.json"
+        f"agentrl/probe/thresholds.json is stale: run python -m agentrl.probe calibrate {' '.join(SWEEPS)}"
     )
     t = packaged_thresholds()
-    assert (t.horizon_cutoff, t.long_horizon_algo, t.min_budget_episodes) == (5.0, "steppo", 384)
-    assert t.source == "packaged agentrl/probe/thresholds.json, calibrated on benchmarks/results/horizon_sweep.json"
+    # four families: the crossover is Hanoi's 5 turns (steppo +0.07 beyond the 0.05 spread) over 3-turn horizons
+    # that showed no lead, so the cut-off is (3 + 5) / 2
+    assert (t.horizon_cutoff, t.long_horizon_algo, t.min_budget_episodes) == (4.0, "steppo", 384)
+    assert t.evidence["steppo"].reliable and not t.evidence["gigpo"].reliable
+    assert t.source == "packaged agentrl/probe/thresholds.json, calibrated on " + " + ".join(SWEEPS)
     assert "--out" not in t.sweep_command  # a developer's output folder is no part of what the sweep measured

@@ -202,14 +202,26 @@ def thresholds_from_sweep(
 
 
 def evidence(horizons: list[HorizonSummary], turn_level: set[str]) -> dict[str, Evidence]:
-    """Each turn-level assigner's lead over grpo, averaged over `horizons` (those with both run)."""
+    """Each turn-level assigner's lead over grpo, averaged over `horizons` (those with both run), with the
+    spread of that mean: the larger of the seeds' mean spread and the leads' standard deviation across the
+    horizons, over the square root of their number.
+
+    >>> h = lambda t, g, s, sp: HorizonSummary(locks=None, max_turns=t, means={"grpo": g, "steppo": s}, spread=sp,
+    ...                                        best="steppo", within=["steppo"])
+    >>> e = evidence([h(5, .5, .54, .06), h(9, .4, .46, .06), h(20, .2, .22, .06), h(37, .0, .06, .06)], {"steppo"})
+    >>> e["steppo"].lead, e["steppo"].stderr, e["steppo"].wins, e["steppo"].reliable  # 0.06 / 2 = 0.03 < 0.045
+    (0.045, 0.03, 0, True)
+    """
     out = {}
     for a in sorted(turn_level):
         hs = [h for h in horizons if a in h.means and BASELINE in h.means]
         if not hs:
             continue
         leads = [h.means[a] - h.means[BASELINE] for h in hs]
-        out[a] = Evidence(lead=round(statistics.mean(leads), 4), spread=round(statistics.mean(h.spread for h in hs), 4),
+        spread = statistics.mean(h.spread for h in hs)
+        across = statistics.stdev(leads) if len(leads) > 1 else 0.0
+        out[a] = Evidence(lead=round(statistics.mean(leads), 4), spread=round(spread, 4),
+                          stderr=round(max(spread, across) / math.sqrt(len(hs)), 4),
                           horizons=len(hs), wins=sum(d > h.spread for d, h in zip(leads, hs)))
     return out
 

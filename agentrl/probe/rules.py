@@ -15,10 +15,12 @@ assigner (`turn_level` in `agentrl.algorithms.ASSIGNERS`), so a newly registered
 wins the sweep is recommended without touching this module, and `picks` routes a condition to it.
 
 After the first match, one gate: a turn-level pick is kept only if the calibration sweeps measured it ahead
-of grpo by more than the seeds' spread past the cut-off (`thresholds.evidence`); otherwise the answer is
-"no reliable difference: grpo", the cheapest assigner (no critic, no PRM), with the figures. Step-scores-
-only is exempt (with silent outcomes grpo has no signal at all). Every recommendation carries its
-`confidence` and `evidence`.
+of grpo past the cut-off by more than the spread of that lead (`thresholds.evidence`, `Evidence.reliable`).
+Otherwise, and when a heuristic rule falls back to grpo past the cut-off, the pick is the best-backed
+assigner that costs no more than grpo on this environment (`thresholds.free_signal`: steppo where the
+environment scores turns, gigpo where states recur), and with none "no reliable difference: grpo", the
+cheapest assigner (no critic, no PRM), with the figures. Step-scores-only is exempt (with silent outcomes
+grpo has no signal at all). Every recommendation carries its `confidence` and `evidence`.
 
 Rule 3 refines "many zero-advantage groups -> fix sampling first": when the outcomes are silent but
 the environment scores turns, steppo has a signal no outcome-based assigner has (the horizon sweep
@@ -270,13 +272,55 @@ def backing(fired: RuleOutcome, th: ProbeThresholds) -> tuple[str, str]:
     return ("measured" if e.reliable else "no reliable difference"), e.describe(fired.algo)
 
 
+def free_here(s: ProbeStats, th: ProbeThresholds) -> list[str]:
+    """The assigners that cost no more than grpo on this environment: those of `thresholds.free_signal` whose
+    signal the probe measured (its statistic above 0)."""
+    out = []
+    for algo, stat in th.free_signal.items():
+        if stat not in ProbeStats.model_fields:
+            raise ValueError(f"thresholds.free_signal[{algo!r}] = {stat!r} is not a probe statistic; known: "
+                             f"{sorted(ProbeStats.model_fields)}")
+        if (getattr(s, stat) or 0) > 0:
+            out.append(algo)
+    return out
+
+
+def best_backed(s: ProbeStats, th: ProbeThresholds) -> str | None:
+    """Of the assigners free here (`free_here`), the one the calibration sweeps show furthest ahead of grpo
+    beyond the spread of its lead (`Evidence.reliable`), or None."""
+    backed = [a for a in free_here(s, th) if a in th.evidence and th.evidence[a].reliable]
+    return max(backed, key=lambda a: th.evidence[a].lead, default=None)
+
+
+# Past the cut-off these rules fall back to grpo on a heuristic, not on a comparison: a free assigner the
+# sweeps back may replace that fallback
+_HEURISTIC_BASELINE = {"critic-not-learnable"}
+
+
 def recommend(
     s: ProbeStats, th: ProbeThresholds, budget: int | None = None
 ) -> tuple[Recommendation, list[RuleOutcome]]:
-    """The first matching rule's pick, through the no-reliable-difference gate, and every rule's outcome."""
+    """The first matching rule's pick, through the no-reliable-difference gate, and every rule's outcome.
+
+    The gate: a turn-level pick the calibration sweeps do not back (its lead over grpo not beyond the spread
+    of that lead), and grpo picked past the cut-off on a heuristic, give way to the best-backed assigner that
+    costs no more than grpo here (`best_backed`); with none, the answer is "no reliable difference: grpo"."""
     outcomes = rules(s, th, budget)
     fired = next(r for r in outcomes if r.matched)  # long-horizon always matches
     confidence, evidence = backing(fired, th)
+    unbacked = confidence == "no reliable difference" or (
+        fired.algo == BASELINE and fired.name in _HEURISTIC_BASELINE and bool(th.evidence))
+    alt = best_backed(s, th) if unbacked else None
+    if alt is not None and alt != fired.algo:
+        e = th.evidence[alt]
+        stat = th.free_signal[alt]
+        why = ("the sweeps do not back it" if fired.algo != BASELINE else "that is a heuristic fallback")
+        return Recommendation(
+            algo=alt, rule="best-backed", confidence="measured", evidence=e.describe(alt),
+            reason=f"best-backed: {alt}. {fired.name} would pick {fired.algo}, but {why} ({evidence}); {alt} is "
+            f"ahead of {BASELINE} beyond the spread of its lead ({e.describe(alt)}) and costs no more than "
+            f"{BASELINE} here ({stat} {getattr(s, stat):.2f}: the environment gives it its signal)",
+        ), outcomes
     if confidence == "no reliable difference":
         return Recommendation(
             algo=BASELINE, rule="no-reliable-difference", confidence=confidence, evidence=evidence,

@@ -57,23 +57,36 @@ def _registered(names: list[str], field: str) -> list[str]:
 class Evidence(BaseModel):
     """What the calibration sweeps measured for one assigner against grpo past the horizon cut-off: how a pick
     of it is backed. `lead` is its mean final pass rate minus grpo's, averaged over those horizons; `spread`
-    the seeds' spread there, averaged the same way (`agentrl.probe.horizon_spread`)."""
+    the seeds' spread there, averaged the same way (`agentrl.probe.horizon_spread`); `stderr` the spread of
+    that mean lead: the larger of the seeds' spread and the leads' own standard deviation across horizons
+    (they differ from family to family, not only by seed), over the square root of the horizons.
+
+    >>> e = Evidence(lead=0.03, spread=0.06, stderr=0.02, horizons=9, wins=3)
+    >>> e.reliable, Evidence(lead=0.03, spread=0.06, horizons=9, wins=3).reliable  # without stderr: vs spread
+    (True, False)
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     lead: float
     spread: float
+    stderr: float | None = Field(None, ge=0, description="the spread of the mean lead over the horizons; None in "
+                                 "records written before it was kept (then `reliable` compares with `spread`)")
     horizons: int = Field(ge=0, description="calibration horizons past the cut-off that ran it")
     wins: int = Field(ge=0, description="of those, where its lead over grpo exceeded that horizon's spread")
 
     @property
     def reliable(self) -> bool:
-        """Ahead of grpo by more than the seeds' spread on average: a difference the sweeps can show."""
-        return self.horizons > 0 and self.lead > self.spread
+        """Ahead of grpo by more than the spread of the measured lead: at one horizon the seeds' spread, over
+        several the spread of their mean, so a lead seen consistently on many horizons counts even when each
+        horizon alone cannot separate it (the same test as one horizon's when `horizons` is 1)."""
+        bar = self.spread if self.stderr is None else self.stderr
+        return self.horizons > 0 and self.lead > bar
 
     def describe(self, algo: str) -> str:
-        return (f"in the calibration sweeps {algo} led {BASELINE} by {self.lead:+.3f} (spread {self.spread:.3f}) over "
-                f"{self.horizons} horizon(s) past the cut-off, beyond the spread at {self.wins}")
+        sure = "" if self.stderr is None else f" ± {self.stderr:.3f}"
+        return (f"in the calibration sweeps {algo} led {BASELINE} by {self.lead:+.3f}{sure} (seeds' spread "
+                f"{self.spread:.3f}) over {self.horizons} horizon(s) past the cut-off, beyond the spread at {self.wins}")
 
 
 class ProbeThresholds(BaseModel):
@@ -124,8 +137,16 @@ class ProbeThresholds(BaseModel):
     evidence: dict[str, Evidence] = Field(
         default_factory=dict,
         description="Per assigner, its measured lead over grpo past the cut-off in the calibration sweeps. A "
-        "turn-level pick whose lead is not beyond the spread becomes grpo ('no reliable difference'); empty (the "
+        "turn-level pick whose lead is not beyond its spread becomes the best-backed free assigner, or grpo ('no reliable "
+        "difference'); empty (the "
         "literature fallback, or a calibration from before it was recorded): picks are kept and marked unmeasured.",
+    )
+    free_signal: dict[str, str] = Field(
+        default_factory=lambda: {"steppo": "step_reward_density", "gigpo": "state_recurrence"},
+        description="Assigners that cost no more than grpo when the environment hands them their signal, and the "
+        "probed statistic that says it does (above 0): steppo reads the environment's step scores (no PRM to "
+        "train), gigpo groups recurring states (no critic). Only these can replace a pick the sweeps do not back "
+        "(`agentrl.probe.rules.recommend`); an assigner with a critic to train never does.",
     )
     picks: dict[str, str] = Field(
         default_factory=lambda: {
@@ -220,6 +241,12 @@ class ProbeThresholds(BaseModel):
     @classmethod
     def _long_registered(cls, v: str) -> str:
         return _registered([v], "long_horizon_algo")[0]
+
+    @field_validator("free_signal")
+    @classmethod
+    def _free_signal_registered(cls, v: dict[str, str]) -> dict[str, str]:
+        _registered(list(v), "free_signal")  # the statistics are checked against ProbeStats where they are read
+        return v
 
     @field_validator("picks")
     @classmethod
