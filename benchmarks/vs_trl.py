@@ -113,10 +113,8 @@ class OneTurnArithmetic(Arithmetic):
 ENV_ID = f"{OneTurnArithmetic.__module__}:OneTurnArithmetic"
 
 
-def build_model(folder: Path, seed: int) -> Path:
-    """The tiny policy, untrained, with both stop tokens in its generation config (read by TRL)."""
-    env = Arithmetic()
-    build_tiny_policy(expert_texts(env, range(300), noise=0.3), folder, MODEL, seed=seed)
+def stop_at_template_ends(folder: Path) -> Path:
+    """Tell the folder's generation config (which TRL reads) the chat template's stop tokens and pad id."""
     from transformers import AutoTokenizer, GenerationConfig
 
     chat = ChatFormat(AutoTokenizer.from_pretrained(folder))
@@ -127,12 +125,17 @@ def build_model(folder: Path, seed: int) -> Path:
     return folder
 
 
+def build_model(folder: Path, seed: int) -> Path:
+    """The tiny policy, untrained, with both stop tokens in its generation config (read by TRL)."""
+    env = Arithmetic()
+    build_tiny_policy(expert_texts(env, range(300), noise=0.3), folder, MODEL, seed=seed)
+    return stop_at_template_ends(folder)
+
+
 def real_model_folder(folder: Path, name: str) -> Path:
     """A fetched model (`agentrl models fetch NAME`) in a folder of its own: the weights linked, the rest copied,
     and its generation config told the template's stop tokens (which TRL reads); the cache is not touched."""
     import shutil
-
-    from transformers import AutoTokenizer, GenerationConfig
 
     from agentrl.models import resolve
 
@@ -146,12 +149,7 @@ def real_model_folder(folder: Path, name: str) -> Path:
             target.symlink_to(f.resolve())
         else:
             shutil.copy(f, target)
-    chat = ChatFormat(AutoTokenizer.from_pretrained(folder))
-    gen = GenerationConfig.from_pretrained(folder)
-    gen.eos_token_id = list(chat.stop_ids)
-    gen.pad_token_id = chat.pad_id
-    gen.save_pretrained(folder)
-    return folder
+    return stop_at_template_ends(folder)
 
 
 def prompt_text(tokenizer: Any, seed: int) -> str:

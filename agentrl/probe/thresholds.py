@@ -86,7 +86,8 @@ class Evidence(BaseModel):
     def describe(self, algo: str) -> str:
         sure = "" if self.stderr is None else f" ± {self.stderr:.3f}"
         return (f"in the calibration sweeps {algo} led {BASELINE} by {self.lead:+.3f}{sure} (seeds' spread "
-                f"{self.spread:.3f}) over {self.horizons} horizon(s) past the cut-off, beyond the spread at {self.wins}")
+                f"{self.spread:.3f}) over {self.horizons} horizon(s) past the cut-off, beyond the spread at "
+                f"{self.wins}")
 
 
 class ProbeThresholds(BaseModel):
@@ -137,8 +138,8 @@ class ProbeThresholds(BaseModel):
     evidence: dict[str, Evidence] = Field(
         default_factory=dict,
         description="Per assigner, its measured lead over grpo past the cut-off in the calibration sweeps. A "
-        "turn-level pick whose lead is not beyond its spread becomes the best-backed free assigner, or grpo ('no reliable "
-        "difference'); empty (the "
+        "turn-level pick whose lead is not beyond its spread becomes the best-backed free assigner, or grpo "
+        "('no reliable difference'); empty (the "
         "literature fallback, or a calibration from before it was recorded): picks are kept and marked unmeasured.",
     )
     free_signal: dict[str, str] = Field(
