@@ -24,7 +24,7 @@ from venvs import make_venv
 from agentrl.core import Episode, Turn
 from agentrl.probe import probe_store
 from agentrl.probe.calibration import calibration_record
-from agentrl.probe.thresholds import packaged_thresholds
+from agentrl.probe.thresholds import ProbeThresholds, packaged_thresholds
 from agentrl.store import TrajectoryStore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,9 +108,14 @@ def test_wheel_recommends_what_the_checkout_recommends(wheel_python, tmp_path):
 
     assert Path(agentrl.probe.__file__).resolve().is_relative_to(ROOT)
     assert (wheel["algo"], wheel["rule"]) == (here.recommendation.algo, here.recommendation.rule)
-    # and the store sits where the two sources of thresholds disagree: the packaged calibration takes it
-    # past the horizon cut-off (4 turns); the literature's 30 turns would have kept grpo
-    assert (here.recommendation.algo, here.recommendation.rule) == ("steppo", "long-horizon")
+    # and the store sits where the two sources of thresholds disagree: the literature's 30 turns stop it at
+    # short-horizon; the packaged calibration takes it past its cut-off (4 turns) to a turn-level rule, whose
+    # pick the four families' sweeps do not back, and steppo (the one they do) is not free here: the store
+    # has no step scores, so it would need a PRM; hence grpo, by the gate
+    literature = probe_store(store, thresholds=ProbeThresholds())
+    assert literature.recommendation.rule == "short-horizon"
+    assert here.stats.step_reward_density == 0
+    assert (here.recommendation.algo, here.recommendation.rule) == ("grpo", "no-reliable-difference")
 
 
 # The committed sweeps the package is calibrated on, one per task family (docs/benchmarks.md, "The horizon probe")
