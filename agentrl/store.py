@@ -119,12 +119,21 @@ class TurnBatch:
                      "advantages", "prox_logp", "sampler_logp"}
         return replace(self, **{k: getattr(self, k)[:, :T] for k in per_token if getattr(self, k) is not None})
 
-    def micro_batches(self, max_tokens: int) -> list[torch.Tensor]:
+    def micro_batches(self, max_tokens: int, by_prompt: bool = False) -> list[torch.Tensor]:
         """Row indices in groups of similar length whose padded size (rows x longest) stays within
         `max_tokens` (a row longer than that is a group by itself): the forward pads each group only
-        to its own longest row, not to the batch's."""
+        to its own longest row, not to the batch's. `by_prompt`: rows that begin with the same tokens up to
+        their first action token are kept side by side (longest prompt group first), so that a forward
+        sharing their prompt (`agentrl.policy.token_stats(share_heads=...)`) finds them together."""
         lengths = self.attention_mask.sum(1)
         order = torch.argsort(lengths, descending=True, stable=True).tolist()
+        if by_prompt:
+            first = self.action_mask.float().argmax(1).tolist()  # 0 for a row without action tokens
+            prompt = {i: tuple(self.input_ids[i, : first[i]].tolist()) for i in order}
+            rank: dict[tuple[int, ...], int] = {}
+            for i in order:  # a prompt ranks by its longest row, and its rows keep their order (longest first)
+                rank.setdefault(prompt[i], len(rank))
+            order = sorted(order, key=lambda i: rank[prompt[i]])
         groups: list[list[int]] = []
         for i in order:
             if groups and (len(groups[-1]) + 1) * int(lengths[groups[-1][0]]) <= max_tokens:

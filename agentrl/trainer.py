@@ -55,7 +55,7 @@ from agentrl.loss import policy_loss
 from agentrl.mismatch import capped_ratio, correction, loss_terms
 from agentrl.mismatch import stats as mismatch_stats
 from agentrl.monitor import Monitor, SilentMonitor
-from agentrl.policy import Policy, add_lora, shards_weights, token_stats
+from agentrl.policy import MIN_SHARED_HEAD, Policy, adamw, add_lora, shards_weights, token_stats
 from agentrl.registry import make
 from agentrl.rollout import rollout
 from agentrl.store import TrajectoryStore, TurnBatch, make_batch, segment_batch, to_episodes, truncate_store
@@ -312,7 +312,7 @@ class Trainer:
         self.trainable = [p for p in self.policy.model.parameters() if p.requires_grad]
         self.spec = get_spec(cfg.algo)
         self.assigner = self.spec.load()(cfg.credit, policy=self.policy, train_config=cfg)
-        opt = torch.optim.AdamW(self.trainable, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+        opt = adamw(self.trainable, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
         self.model, self.optimizer = self.accelerator.prepare(self.policy.model, opt)
         lo, hi = ranks.block(cfg.rollout.groups)  # this rank's groups of every update
         self.envs = [make(cfg.env.id, **cfg.env.kwargs) for _ in range((hi - lo) * cfg.rollout.group_size)]
@@ -616,7 +616,7 @@ class Trainer:
         batch = segment_batch(batch)  # each action on exactly its context, where a template rewrote the history
         mine = mine if batch.seg_row is None else mine[batch.seg_row]
         stats: dict[str, float] = {}  # this rank's part of each step's statistics: summed over ranks below
-        steps, t0, tokens, padded, grad_norms, nonfinite = 0, time.perf_counter(), 0, 0, 0.0, 0.0
+        steps, t0, tokens, padded, shared, grad_norms, nonfinite = 0, time.perf_counter(), 0, 0, 0, 0.0, 0.0
         # not scored before (on-policy, no correction, one process): the first minibatch's forwards, before any
         # step, are the trainer's log-probs under the weights that sampled; the gap is measured on them for free
         probe = torch.zeros(0) if batch.sampler_logp is None and ranks.world == 1 else None
@@ -633,7 +633,8 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 # every rank makes as many forwards and backwards as the busiest (FSDP and ZeRO gather weights in
                 # each, ZeRO-2 reduces in each): a rank short of rows pads with zero-loss passes
-                parts: list[torch.Tensor | None] = own.micro_batches(cfg.optim.micro_batch_tokens) if own.size else []
+                parts: list[torch.Tensor | None] = \
+                    own.micro_batches(cfg.optim.micro_batch_tokens, self._share_heads > 0) if own.size else []
                 parts += [None] * (max(ranks.gather(len(parts))) - len(parts) if ranks.world > 1 else 0)
                 parts = parts or [None]
                 finite = True
@@ -645,7 +646,8 @@ class Trainer:
                     with sync:
                         with self.accelerator.autocast():  # bf16 on CUDA
                             ts = token_stats(self.model, m.input_ids, m.attention_mask,
-                                             self.knobs.temperature or 1.0, entropy=True, only=m.action_mask)
+                                             self.knobs.temperature or 1.0, entropy=True, only=m.action_mask,
+                                             share_heads=self._share_heads)
                         if probe is not None and steps == 0 and idx is not None:
                             probe[idx, : ts.logp.shape[1]] = ts.logp.detach().float().cpu()
                         # the ratio's baseline and weight: mu; decoupled PPO's pi_prox and min(pi_prox / mu, C);
@@ -665,6 +667,7 @@ class Trainer:
                         stats[k] = stats.get(k, 0.0) + share * v
                     tokens += int(m.attention_mask.sum())
                     padded += m.input_ids.numel()
+                    shared += ts.shared
                 finite = not ranks.sum({"nonfinite": float(not finite)})["nonfinite"]  # one rank's NaN skips all
                 gn = self.accelerator.clip_grad_norm_(self.trainable, cfg.optim.max_grad_norm) if finite \
                     else float("nan")
@@ -681,8 +684,8 @@ class Trainer:
                 steps += 1
         self.model.eval()
         secs = time.perf_counter() - t0
-        stats = ranks.sum({**stats, "__tokens": float(tokens), "__padded": float(padded)})
-        tokens, padded = stats.pop("__tokens"), stats.pop("__padded")
+        stats = ranks.sum({**stats, "__tokens": float(tokens), "__padded": float(padded), "__shared": float(shared)})
+        tokens, padded, shared = stats.pop("__tokens"), stats.pop("__padded"), stats.pop("__shared")
         secs = max(ranks.gather(secs))
         out = {f"train/{k}": v / steps for k, v in stats.items()}
         out["train/grad_norm"] = grad_norms / steps  # the same on every rank: norms of the averaged gradients
@@ -694,6 +697,8 @@ class Trainer:
             out["train/segments"] = float(batch.size)
         out["train/tokens_per_s"] = tokens / secs if secs > 0 else 0.0
         out["train/padding_frac"] = 1.0 - tokens / max(padded, 1)
+        if shared:  # prompt tokens whose layers ran once for the rows sharing them (optim.share_prefix)
+            out["train/prompt_tokens_shared"] = shared
         out.update({f"mismatch/{k}": v for k, v in measured.items()})
         return out
 
@@ -775,6 +780,11 @@ class Trainer:
                         float(stale.max()), "train/staleness_kl_k3": drift["kl_k3"]})
         return out
 
+    @property
+    def _share_heads(self) -> int:
+        """`token_stats(share_heads=...)`: what a shared prompt must save; 0 when `optim.share_prefix` is off."""
+        return MIN_SHARED_HEAD if self.cfg.optim.share_prefix else 0
+
     def _learner(self) -> torch.nn.Module:
         # scoring never trains: the unwrapped module (no DDP forward, whose all-reduce would wait for a backward),
         # unless the wrapper shards the weights (FSDP, DeepSpeed), whose own forward must gather them
@@ -788,13 +798,15 @@ class Trainer:
         own = segment_batch(batch.select(rows))  # rows are segments where a template rewrote the history
         scored = out if own.seg_row is None else torch.zeros(own.input_ids.shape, dtype=torch.float32)
         temp = self.knobs.temperature or 1.0
-        parts: list[torch.Tensor | None] = own.micro_batches(self.cfg.optim.micro_batch_tokens) if own.size else []
+        parts: list[torch.Tensor | None] = \
+            own.micro_batches(self.cfg.optim.micro_batch_tokens, self._share_heads > 0) if own.size else []
         if owner is not None and shards_weights(model):  # every forward gathers weights: as many on every rank
             parts += [None] * (max(self.ranks.gather(len(parts))) - len(parts))
         with torch.inference_mode(), self.accelerator.autocast():
             for idx in parts:
                 m = (own.select(idx) if idx is not None else batch.select([0])).trim().to(self.accelerator.device)
-                logp = token_stats(model, m.input_ids, m.attention_mask, temp, only=m.action_mask).logp
+                logp = token_stats(model, m.input_ids, m.attention_mask, temp, only=m.action_mask,
+                                   share_heads=self._share_heads).logp
                 if idx is not None:
                     scored[rows[idx] if own.seg_row is None else idx, : m.input_ids.shape[1]] = logp.float().cpu()
         if own.seg_row is not None:

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from agentrl.config import DPOConfig, PrefLoss  # noqa: F401 (re-exported)
 from agentrl.core import Episode
-from agentrl.policy import token_stats
+from agentrl.policy import adamw, token_stats
 from agentrl.store import make_batch, segment_batch
 
 LOG = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ def train_preferences(
         raise ValueError("no preference pairs to train on")
     if cfg.loss != "simpo" and reference is None:
         raise ValueError(f"{cfg.loss} needs a frozen reference model")
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    opt = adamw(model.parameters(), lr=cfg.lr)
     rng = random.Random(seed)
     order = list(range(len(pairs)))
     model.train()

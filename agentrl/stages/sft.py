@@ -32,6 +32,7 @@ from agentrl.policy import (
     ChatFormat,
     Policy,
     TinyModelConfig,
+    adamw,
     build_tiny_policy,
     position_ids_from_mask,
     render_corpus_text,
@@ -119,7 +120,7 @@ def sft(
         raise ValueError("sft: no demonstrations")
     model.train()
     device = next(model.parameters()).device
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    opt = adamw(model.parameters(), lr=lr)
     steps = epochs * math.ceil(len(demos) / batch_size)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.0, 1 - s / steps))
     rng = random.Random(seed)
