@@ -224,7 +224,8 @@ def test_no_preexec_fn_in_a_thread_pool(monkeypatch):
 
     monkeypatch.setattr(subprocess, "Popen", Recording)
     monkeypatch.setattr(sandbox_module, "_caps", None)  # probe again, through the recording Popen
-    sb = LocalSandbox(LIMITS)
+    # fresh launchers, one Popen each (the fork server's path: tests/test_sandbox_forkserver.py)
+    sb = LocalSandbox(LIMITS, fork_server=False)
     prog = "def f(x):\n    return x + 1\n"
     with SandboxPool(sb, workers=3) as pool:
         results = pool.map(lambda s, i: s.run_tests(prog, [TestCase("t", f"assert f({i}) == {i + 1}")], "f"), range(6))

@@ -73,9 +73,11 @@ import marshal
 import os
 import resource
 import secrets
+import select
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -98,6 +100,7 @@ __all__ = [
     "TestOutcome",
     "TestRunResult",
     "default_sandbox",
+    "fork_server_cpu_seconds",
     "isolation_of",
 ]
 
@@ -662,7 +665,7 @@ _uids = _Uids()
 
 @dataclass(eq=False)
 class _Proc:
-    popen: subprocess.Popen[bytes]
+    popen: subprocess.Popen[bytes] | _Forked
     role: str
     uid: int | None
     workdir: str | None
@@ -671,6 +674,294 @@ class _Proc:
     monitored: bool  # the Popen'd process is a monitor outside a PID namespace
     out: bytearray = field(default_factory=bytearray)
     err: bytearray = field(default_factory=bytearray)
+
+
+# --------------------------------------------------------------------------------------------
+# The fork server
+
+
+class _ForkServerTrouble(SandboxError):
+    """A run through the fork server could not be had (the server died, or a launcher it forked
+    could not set itself up): the run is redone with fresh launchers. ``setup``: the set-up itself
+    failed, so the server is not used again for that interpreter."""
+
+    def __init__(self, text: str, setup: bool = False):
+        super().__init__(text)
+        self.setup = setup
+
+
+class _Forked:
+    """A launcher the fork server forked for us: what `_Proc` needs of a `subprocess.Popen`. Its
+    exit status comes from the server on the run's report socket; the server reaps it only once we
+    close that socket (`release`), so until then signalling its pid or process group is safe."""
+
+    def __init__(self, pid: int, report: socket.socket, stdin: int, stdout: int, stderr: int):
+        self.pid = pid
+        self.pidfd = os.pidfd_open(pid)  # not reaped yet, so this is the launcher
+        self.report = report
+        self.returncode: int | None = None
+        self.lost = False  # the server died before saying how the launcher exited
+        self.stdin = open(stdin, "wb")  # noqa: SIM115 - closed by _feed and _reap, as Popen's
+        self.stdout = open(stdout, "rb")  # noqa: SIM115
+        self.stderr = open(stderr, "rb")  # noqa: SIM115
+
+    def poll(self) -> int | None:
+        self._wait(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        if not self._wait(timeout):
+            raise subprocess.TimeoutExpired(f"launcher {self.pid}", timeout or 0)
+        return self.returncode
+
+    def _wait(self, timeout: float | None) -> bool:
+        """True once the launcher has exited (and `returncode` is set)."""
+        if self.returncode is not None:
+            return True
+        poller = select.poll()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0, int(1000 * (deadline - time.monotonic())))
+            if not self.lost:
+                poller.register(self.report, select.POLLIN)
+                if not poller.poll(left):
+                    return False
+                poller.unregister(self.report)
+                try:
+                    msg = self.report.recv(256)
+                except OSError:
+                    msg = b""
+                if msg.startswith(b"exit "):
+                    self.returncode = int(msg[5:])
+                    return True
+                if msg:
+                    continue
+                self.lost = True  # the server is gone; the launcher (its pidfd) is all we have left
+            poller.register(self.pidfd, select.POLLIN)
+            if not poller.poll(left):
+                return False
+            self.returncode = -signal.SIGKILL  # unknown: the run is redone anyway
+            return True
+
+    def signal(self, sig: int, group: bool) -> None:
+        """Send `sig` to the launcher (by its pidfd: safe even once the server is gone) or, while the
+        server holds it unreaped, to its process group."""
+        try:
+            if group and not self.lost:
+                os.killpg(self.pid, sig)
+            else:
+                signal.pidfd_send_signal(self.pidfd, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def release(self, timeout: float = 5.0) -> None:
+        """We are done with it: the server reaps it (stopping it first if it still runs), and we wait
+        until it has, so that no zombie of the run outlives the run."""
+        try:
+            if not self.lost:
+                self.report.shutdown(socket.SHUT_WR)  # the server reads EOF
+                poller = select.poll()
+                poller.register(self.report, select.POLLIN)
+                deadline = time.monotonic() + timeout
+                while poller.poll(max(0, int(1000 * (deadline - time.monotonic())))):
+                    msg = self.report.recv(256)
+                    if not msg or msg == b"reaped":
+                        break
+        except OSError:
+            pass
+        finally:
+            self.report.close()
+            os.close(self.pidfd)
+
+
+class _ForkServer:
+    """One warm interpreter running `_harness.serve_main` for one interpreter and environment. It
+    forks a launcher per run, which sets itself up exactly as a fresh one does (see the module
+    docstring); started with the environment every run gets (which the interpreter reads at
+    start-up: ``PYTHONHASHSEED=0`` above all), with fds 0-2 pipes like a run's."""
+
+    def __init__(self, python: str, env: dict[str, str]):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.proc = subprocess.Popen(
+                _harness_argv(python, "serve", str(theirs.fileno())),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                cwd="/",
+                pass_fds=(theirs.fileno(),),
+                close_fds=True,
+                start_new_session=True,
+            )
+        except (OSError, subprocess.SubprocessError) as e:
+            ours.close()
+            raise SandboxError(f"the fork server could not start {python}: {type(e).__name__}: {e}") from e
+        finally:
+            theirs.close()
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.close()  # it never reads stdin (a forked launcher gets the run's)
+        self.proc.stdout.close()
+        self.sock = ours
+        self._lock = threading.Lock()
+        self.pid = self.proc.pid
+        ours.settimeout(30)
+        try:
+            hello = ours.recv(64)
+        except OSError as e:
+            hello = f"{type(e).__name__}: {e}".encode()
+        finally:
+            ours.settimeout(None)
+        if hello != b"ready":
+            self.close()
+            raise SandboxError(f"the fork server did not start: {self.diagnosis() or hello.decode(errors='replace')}")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def diagnosis(self) -> str:
+        """The end of what the server wrote to stderr (only a crash writes there)."""
+        assert self.proc.stderr is not None
+        if self.proc.stderr.closed or self.alive():
+            return ""
+        os.set_blocking(self.proc.stderr.fileno(), False)
+        try:
+            return (self.proc.stderr.read() or b"").decode(errors="replace")[-500:].strip()
+        except OSError:
+            return ""
+
+    def spawn(self, cfg: dict[str, Any], fds: list[int], deadline: float) -> tuple[int, socket.socket]:
+        """Ask for a launcher with `cfg` and these descriptors (stdin, stdout, stderr, status pipe,
+        role pipes); its pid and the run's report socket. `_ForkServerTrouble` if the server is gone."""
+        report, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            try:
+                with self._lock:
+                    socket.send_fds(self.sock, [marshal.dumps(cfg)], [theirs.fileno(), *fds])
+            finally:
+                theirs.close()
+            poller = select.poll()
+            poller.register(report, select.POLLIN)
+            msg = b"" if not poller.poll(max(0, int(1000 * (deadline - time.monotonic())))) else report.recv(256)
+        except OSError as e:
+            report.close()
+            raise _ForkServerTrouble(f"the fork server is gone ({type(e).__name__}: {e})") from e
+        except BaseException:
+            report.close()
+            raise
+        if msg.startswith(b"pid "):
+            return int(msg[4:]), report
+        report.close()
+        if msg.startswith(b"error "):
+            raise SandboxError(f"the fork server could not start a launcher: {msg[6:].decode(errors='replace')}")
+        raise _ForkServerTrouble(f"the fork server did not answer ({self.diagnosis() or 'no word from it'})")
+
+    def close(self) -> None:
+        """End the server: it stops whatever runs it still has, then exits."""
+        self.sock.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            _killpg(self.proc.pid)
+            self.proc.wait()
+        assert self.proc.stderr is not None
+        self.proc.stderr.close()
+
+    def cpu_seconds(self) -> float:
+        """CPU the server and the launchers it has reaped used (/proc/PID/stat: utime, stime,
+        cutime, cstime). Our own ``os.times()`` counts it only once the server is reaped."""
+        try:
+            fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+class _ForkServers:
+    """The fork servers of this process, one per interpreter and run environment: started on first
+    use, restarted when one has died, given up on (with a log line; runs then start fresh
+    launchers) when one cannot start, keeps dying, or forks launchers that cannot set up."""
+
+    MAX_RESTARTS = 5
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._servers: dict[tuple[str, tuple[tuple[str, str], ...]], _ForkServer] = {}
+        self._off: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
+        self._starts: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
+        self._atexit = False
+
+    def get(self, python: str, env: dict[str, str]) -> _ForkServer | None:
+        key = (python, tuple(sorted(env.items())))
+        with self._lock:
+            if key in self._off:
+                return None
+            server = self._servers.get(key)
+            if server is not None and server.alive():
+                return server
+            if server is not None:
+                del self._servers[key]
+                server.close()
+            if self._starts.get(key, 0) > self.MAX_RESTARTS:
+                self._give_up(key, f"it died {self._starts[key]} times")
+                return None
+            self._starts[key] = self._starts.get(key, 0) + 1
+            try:
+                server = _ForkServer(python, env)
+            except SandboxError as e:
+                self._give_up(key, str(e))
+                return None
+            if not self._atexit:
+                atexit.register(self.close_all)
+                self._atexit = True
+            self._servers[key] = server
+            return server
+
+    def trouble(self, server: _ForkServer, e: _ForkServerTrouble) -> None:
+        """A run through `server` failed for the server's sake (and is being redone with fresh launchers)."""
+        with self._lock:
+            key = next((k for k, s in self._servers.items() if s is server), None)
+            if key is None:
+                return
+            if e.setup:
+                del self._servers[key]
+                server.close()
+                self._give_up(key, str(e))
+            else:
+                logging.getLogger("agentrl.sandbox").warning("%s; the run is redone with fresh launchers", e)
+
+    def _give_up(self, key: tuple[str, tuple[tuple[str, str], ...]], why: str) -> None:
+        self._off[key] = why
+        logging.getLogger("agentrl.sandbox").warning(
+            "no fork server for %s (%s): each run starts fresh interpreters, with the same isolation", key[0], why
+        )
+
+    def close_all(self) -> None:
+        with self._lock:
+            servers, self._servers = list(self._servers.values()), {}
+        for s in servers:
+            s.close()
+
+    def cpu_seconds(self) -> float:
+        with self._lock:
+            return sum(s.cpu_seconds() for s in self._servers.values())
+
+    def forget(self) -> None:
+        """In a child forked from this process: its servers are its parent's (it starts its own)."""
+        self._lock = threading.Lock()
+        self._servers, self._starts = {}, {}
+
+
+_fork_servers = _ForkServers()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fork_servers.forget)
+
+
+def fork_server_cpu_seconds() -> float:
+    """CPU seconds used so far by this process's live fork servers and the runs they have reaped.
+    Runs started without a server count in ``os.times()``'s children (as does a server once it has
+    exited and been reaped); a benchmark adds the two."""
+    return _fork_servers.cpu_seconds()
 
 
 class LocalSandbox:
@@ -684,6 +975,8 @@ class LocalSandbox:
     ``AGENTRL_UNSAFE_UNISOLATED_SANDBOX=1`` is set).
     ``expose`` names host paths (files or directories) every run sees read-only, beyond the
     interpreter and its standard library: a task's data, a package its tests import.
+    ``fork_server`` (on by default where runs are isolated) starts each run's processes from a warm
+    interpreter instead of fresh ones: the same isolation, a fraction of the CPU (module docstring).
     """
 
     def __init__(
@@ -692,6 +985,7 @@ class LocalSandbox:
         python: str | None = None,
         require_isolation: bool = False,
         expose: Sequence[str] = (),
+        fork_server: bool = True,
     ):
         self.limits = limits or Limits()
         # the real interpreter, not a virtualenv's link to it: the run sees neither the venv nor
@@ -723,6 +1017,8 @@ class LocalSandbox:
                     + "; ".join(self.isolation.reasons)
                 )
             _warn_once(f"{self.isolation.summary()}: " + "; ".join(self.isolation.reasons))
+        # only for isolated runs: unisolated, a candidate could signal or trace the server (same uid)
+        self.fork_server = fork_server and self._view and hasattr(os, "pidfd_open")
 
     def with_limits(self, **changes: Any) -> LocalSandbox:
         """A copy with some limits changed: ``sb.with_limits(wall_seconds=2)``."""
@@ -735,9 +1031,35 @@ class LocalSandbox:
 
     def run_program(self, code: str) -> RunResult:
         """Run `code` as a script (fed to ``python -`` on stdin, so the script itself reads an empty stdin)."""
+        return self._through_fork_server(self._run_program, code)
+
+    def run_tests(self, program: str, tests: Sequence[TestCase], entry_point: str, preamble: str = "") -> TestRunResult:
+        """Load `program` in a worker and run `tests` in a judge that calls `entry_point` in it.
+
+        `preamble` is trusted task code the judge runs first (helpers the tests use, such as
+        HumanEval's ``poly``); the candidate's own definitions never reach the judge.
+        """
+        if not tests:
+            raise ValueError("run_tests: no tests given; a task without tests cannot be verified")
+        return self._through_fork_server(self._run_tests, program, tests, entry_point, preamble)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _through_fork_server(self, run: Callable[..., T], *args: Any) -> T:
+        """`run(*args, server=...)` through this interpreter's fork server where there is one; a run
+        the server failed (it died, or its launcher could not set up) is redone with fresh launchers."""
+        server = _fork_servers.get(self.python, self._env("/tmp")) if self.fork_server else None
+        if server is not None:
+            try:
+                return run(*args, server=server)
+            except _ForkServerTrouble as e:
+                _fork_servers.trouble(server, e)
+        return run(*args, server=None)
+
+    def _run_program(self, code: str, server: _ForkServer | None) -> RunResult:
         t0 = time.monotonic()
         lim = self.limits
-        proc = self._spawn("program", (), untrusted=True)
+        proc = self._spawn("program", (), untrusted=True, server=server, deadline=t0 + lim.wall_seconds)
         try:
             self._feed(proc, code)
             self._await_started([proc], t0 + lim.wall_seconds)
@@ -750,6 +1072,7 @@ class LocalSandbox:
             )
         finally:
             self._reap([proc])
+        self._check_server([proc])
         return RunResult(
             exit_code=None if timed_out else proc.popen.returncode,
             stdout=self._preview(proc.out),
@@ -760,14 +1083,9 @@ class LocalSandbox:
             isolation=self.isolation,
         )
 
-    def run_tests(self, program: str, tests: Sequence[TestCase], entry_point: str, preamble: str = "") -> TestRunResult:
-        """Load `program` in a worker and run `tests` in a judge that calls `entry_point` in it.
-
-        `preamble` is trusted task code the judge runs first (helpers the tests use, such as
-        HumanEval's ``poly``); the candidate's own definitions never reach the judge.
-        """
-        if not tests:
-            raise ValueError("run_tests: no tests given; a task without tests cannot be verified")
+    def _run_tests(
+        self, program: str, tests: Sequence[TestCase], entry_point: str, preamble: str, server: _ForkServer | None
+    ) -> TestRunResult:
         t0 = time.monotonic()
         lim = self.limits
         req_r, req_w = os.pipe()  # judge -> worker
@@ -775,9 +1093,10 @@ class LocalSandbox:
         procs: list[_Proc] = []
         try:
             # each side gets its ends as fds 3 (requests) and 4 (replies); see _harness.py
-            worker = self._spawn("worker", (req_r, rep_w), untrusted=True)
+            deadline = t0 + lim.wall_seconds
+            worker = self._spawn("worker", (req_r, rep_w), untrusted=True, server=server, deadline=deadline)
             procs.append(worker)
-            judge = self._spawn("judge", (req_w, rep_r), untrusted=False)
+            judge = self._spawn("judge", (req_w, rep_r), untrusted=False, server=server, deadline=deadline)
             procs.append(judge)
         except BaseException:
             self._reap(procs)
@@ -805,6 +1124,7 @@ class LocalSandbox:
             )
         finally:
             self._reap(procs)
+        self._check_server(procs)
         wall = time.monotonic() - t0
         violation = None
         try:
@@ -837,15 +1157,38 @@ class LocalSandbox:
             protocol_violation=violation,
         )
 
-    # -- internals -----------------------------------------------------------------------------
+    @staticmethod
+    def _check_server(procs: list[_Proc]) -> None:
+        """A run whose fork server died under it is not a result: it is redone (`_through_fork_server`)."""
+        if any(isinstance(p.popen, _Forked) and p.popen.lost for p in procs):
+            raise _ForkServerTrouble("the fork server died during a run")
+
+    def _env(self, home: str) -> dict[str, str]:
+        """The whole environment of a run's processes (nothing of ours leaks in)."""
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": home,
+            "TMPDIR": home,
+            "LANG": "C.UTF-8",
+            "PYTHONHASHSEED": "0",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONIOENCODING": "utf-8",
+        }
+        if self._import_roots:  # an exposed package imports from where it lies, also from a venv's site-packages
+            env["PYTHONPATH"] = ":".join(self._import_roots)
+        return env
 
     def _preview(self, data: bytearray) -> str:
         n = self.limits.output_preview_chars
         text = bytes(data).decode(errors="replace")
         return text if len(text) <= n else text[:n] + f"\n... [truncated {len(text) - n} more characters]"
 
-    def _spawn(self, role: str, pipes: tuple[int, ...], untrusted: bool) -> _Proc:
-        """Start the launcher for `role`; it sets itself up (see `_harness.launch`) while we go on."""
+    def _spawn(
+        self, role: str, pipes: tuple[int, ...], untrusted: bool, server: _ForkServer | None = None,
+        deadline: float = 0.0,
+    ) -> _Proc:
+        """Start the launcher for `role` (forked by `server`, or a fresh interpreter); it sets itself
+        up (see `_harness.launch`) while we go on."""
         lim, caps = self.limits, self.caps
         view = _file_view(self.python, self.expose) if self._view else None
         uid = _uids.take() if caps.setuid and not self._userns else None
@@ -857,17 +1200,8 @@ class LocalSandbox:
                 if uid is not None:
                     os.chown(workdir, uid, uid)
             home = "/tmp" if view is not None else workdir
-            env = {
-                "PATH": "/usr/local/bin:/usr/bin:/bin",
-                "HOME": home,
-                "TMPDIR": home,
-                "LANG": "C.UTF-8",
-                "PYTHONHASHSEED": "0",
-                "PYTHONDONTWRITEBYTECODE": "1",
-                "PYTHONIOENCODING": "utf-8",
-            }
-            if self._import_roots:  # an exposed package imports from where it lies, also from a venv's site-packages
-                env["PYTHONPATH"] = ":".join(self._import_roots)
+            assert home is not None
+            env = self._env(home)
             nproc = lim.max_processes
             if uid is None:
                 # sharing our uid: NPROC counts all our processes, so allow that many more
@@ -909,17 +1243,20 @@ class LocalSandbox:
                 "uid": -1 if uid is None else uid,
                 "home": home,
             }
-            popen = subprocess.Popen(
-                _harness_argv(self.python, "launch", marshal.dumps(cfg).hex()),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=env,
-                cwd="/",
-                pass_fds=(*pipes, status_w),
-                close_fds=True,
-                start_new_session=True,
-            )
+            if server is not None:  # its environment is `env` already: the same for every run with a view
+                popen: subprocess.Popen[bytes] | _Forked = self._fork(server, cfg, [status_w, *pipes], deadline)
+            else:
+                popen = subprocess.Popen(
+                    _harness_argv(self.python, "launch", marshal.dumps(cfg).hex()),
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    env=env,
+                    cwd="/",
+                    pass_fds=(*pipes, status_w),
+                    close_fds=True,
+                    start_new_session=True,
+                )
         except BaseException as e:
             for fd in (status_r, status_w):
                 if fd >= 0:
@@ -930,13 +1267,31 @@ class LocalSandbox:
                 shutil.rmtree(workdir, ignore_errors=True)
             if cgroup and caps.memcg is not None:
                 caps.memcg.remove(cgroup)
-            if isinstance(e, (OSError, subprocess.SubprocessError)):
+            if isinstance(e, (OSError, subprocess.SubprocessError)) and not isinstance(e, SandboxError):
                 raise SandboxError(
                     f"the sandbox could not start {self.python} (uid {uid}): {type(e).__name__}: {e}"
                 ) from e
             raise
         os.close(status_w)
         return _Proc(popen, role, uid, workdir, status_r, cgroup, monitored=pid_ns)
+
+    @staticmethod
+    def _fork(server: _ForkServer, cfg: dict[str, Any], fds: list[int], deadline: float) -> _Forked:
+        """A launcher forked by `server`, with fresh stdio pipes (as Popen would make) and `fds`
+        (the status pipe's write end, then the role's pipes)."""
+        ends = [os.pipe() for _ in range(3)]  # stdin, stdout, stderr: (read, write)
+        theirs = [ends[0][0], ends[1][1], ends[2][1]]
+        ours = [ends[0][1], ends[1][0], ends[2][0]]
+        try:
+            pid, report = server.spawn({**cfg, "status_fd": -1, "fds": []}, [*theirs, *fds], deadline)
+        except BaseException:
+            for fd in ours:
+                os.close(fd)
+            raise
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        return _Forked(pid, report, *ours)
 
     def _await_started(self, procs: list[_Proc], deadline: float) -> None:
         """Wait until each launcher has finished setting up: its status pipe says "ok" (a role in
@@ -956,6 +1311,10 @@ class LocalSandbox:
                     break
                 data += chunk
             if data != (b"" if p.role == "program" else b"ok"):
+                if isinstance(p.popen, _Forked):
+                    raise _ForkServerTrouble(
+                        f"a launcher forked by the fork server could not set up the {p.role}: "
+                        f"{data.decode(errors='replace') or 'it exited without a word'}", setup=True)
                 raise SandboxError(
                     f"the sandbox could not set up the {p.role} ({self.python}, uid {p.uid}): "
                     f"{data.decode(errors='replace') or 'the launcher exited without a word'}"
@@ -1024,7 +1383,7 @@ class LocalSandbox:
                     buf += chunk
                     if any(p is c for c in capped) and len(p.out) + len(p.err) > cap:
                         limited = True
-                        _killpg(p.popen.pid)
+                        _stop(p)
                         del buf[cap:]
                         sel.unregister(key.fileobj)
                         # keep reading nothing more from this process
@@ -1042,22 +1401,18 @@ class LocalSandbox:
         group. Then whatever still runs as the run's uid (a child that left the group with setsid,
         where there is no PID namespace) is killed from that uid."""
         for p in procs:
-            if p.monitored:
-                try:
-                    os.kill(p.popen.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-            else:
-                _killpg(p.popen.pid)  # before waiting: until we reap the leader its group id cannot be reused
+            _stop(p)  # before waiting: until the leader is reaped its group id cannot be reused
         for p in procs:
             try:
                 p.popen.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                _killpg(p.popen.pid)
+                _kill_group(p)
                 try:
                     p.popen.wait(timeout=5)
                 except subprocess.TimeoutExpired:
                     pass
+            if isinstance(p.popen, _Forked):
+                p.popen.release()  # waited for: the server may reap it now
             if p.uid is not None:
                 _kill_uid(p.uid, self.python)
                 _uids.give(p.uid)
@@ -1094,6 +1449,28 @@ def _select(fds: list[int], timeout: float) -> tuple[list[int], list[int], list[
     import select
 
     return select.select(fds, [], [], timeout)
+
+
+def _stop(p: _Proc) -> None:
+    """End a run's launcher: a monitor gets SIGTERM and kills its pid 1 (the kernel then kills the
+    rest of the PID namespace; SIGKILL would end the monitor alone, and a pid 1 that left the
+    process group with setsid would run on); any other launcher is killed with its process group."""
+    if not p.monitored:
+        _kill_group(p)
+    elif isinstance(p.popen, _Forked):
+        p.popen.signal(signal.SIGTERM, group=False)
+    else:
+        try:
+            os.kill(p.popen.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
+def _kill_group(p: _Proc) -> None:
+    if isinstance(p.popen, _Forked):
+        p.popen.signal(signal.SIGKILL, group=True)
+    else:
+        _killpg(p.popen.pid)
 
 
 def _killpg(pid: int) -> None:
