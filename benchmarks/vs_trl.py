@@ -387,6 +387,7 @@ def run_both(model_dir: Path, args: argparse.Namespace, work: Path) -> dict[str,
                     "sampling_s": [r["time/rollout_s"] for r in a_updates[1:]],
                     "prefill_tokens": [r.get("rollout/prefill_tokens", 0.0) for r in a_updates[1:]],
                     "prefill_tokens_saved": [r.get("rollout/prefill_tokens_saved", 0.0) for r in a_updates[1:]],
+                    "prompt_tokens_shared": [r.get("train/prompt_tokens_shared", 0.0) for r in a_updates[1:]],
                     "skipped": sum(1 for r in a_updates[1:] if not r.get("train/trained_episodes")),
                     "parameters": results["agentrl"]["parameters"]},
         "trl": {"wall": turns.wall["trl"][1:], "cpu": turns.cpu["trl"][1:],
@@ -439,7 +440,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     def side(r: dict[str, Any]) -> dict[str, Any]:
         s = statistics.median(r["wall"])
         sampling, scoring = statistics.median(r["sampling_s"]), statistics.median(r.get("scoring_s") or [0.0])
-        extra = {k: statistics.median(r[k]) for k in ("prefill_tokens", "prefill_tokens_saved") if k in r}
+        extra = {k: statistics.median(r[k]) for k in ("prefill_tokens", "prefill_tokens_saved", "prompt_tokens_shared")
+                 if k in r}
         return {"s_per_update": round(s, 3), "episodes_per_s": round(episodes / s, 2),
                 # the update's phases (medians): rollout, scoring where it is apart from it, and the rest
                 "phases_s": {"rollout": round(sampling, 3), "scoring": round(scoring, 3),
@@ -508,7 +510,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, x in (("agentrl", sa), ("TRL", st)):
         print(f"  {name} phases (s): " + ", ".join(f"{k} {v:.2f}" for k, v in x["phases_s"].items())
               + (f"; prompt tokens prefilled {x['prefill_tokens']:.0f}, saved by sharing "
-                 f"{x['prefill_tokens_saved']:.0f}" if "prefill_tokens" in x else ""))
+                 f"{x['prefill_tokens_saved']:.0f}, not run again in training {x['prompt_tokens_shared']:.0f}"
+                 if "prefill_tokens" in x else ""))
     print(f"bound (agentrl with a free rollout): {result['bound']:.2f}x; fraction of the possible gain reached: "
           f"{result['fraction_of_bound']}")
     if a["skipped"]:
