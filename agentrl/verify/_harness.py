@@ -16,6 +16,11 @@ parent now only ``vfork``s and ``exec``s. (Bubblewrap would also work, but it ca
 fresh host uid, join a cgroup or set rlimits without such a wrapper anyway, and it is one more
 package that CI and every user would need; this is ~200 lines of syscalls we can test.)
 
+**The fork server** (`serve_main`) is this same launcher started once and kept warm: per request it
+forks, and the child, after closing everything but the run's descriptors, returns to the bottom
+of this file and calls `launch` exactly as a fresh launcher does (same frames, same interpreter
+exit). See the sandbox's module docstring for why that child inherits nothing that matters.
+
 **Why two processes** (worker and judge): if the tests ran in the same interpreter as the
 candidate, the candidate could patch ``assert`` helpers, exit with status 0 before the tests run,
 print a fake report or find any secret the harness holds in memory. Here the test code never runs
@@ -853,6 +858,7 @@ def _serve_child(sysc, server, cfg, stdio, status, pipes, max_fd):
                 os.closerange(low, fd)
             low = fd + 1
         os.closerange(low, max_fd)
+        sys.modules.pop("_socket", None)  # the server's alone: a role's modules are then a fresh launcher's
     except BaseException as e:
         _report(status, f"fork server child: {type(e).__name__}: {e}")
         os._exit(121)

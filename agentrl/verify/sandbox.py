@@ -55,6 +55,29 @@ warns in the log, and says in ``isolation`` exactly what was not isolated and wh
 `default_sandbox`, which the code environments and verifiers use, refuses instead and says what
 to do, unless ``AGENTRL_UNSAFE_UNISOLATED_SANDBOX=1`` accepts the risk out loud.
 
+**The fork server.** Starting interpreters was most of a run's CPU (a `run_tests` took ~90 ms of
+CPU with fresh ones, ~40 ms forked, on the 2-core development machine), so where runs are isolated each interpreter gets one warm *fork server*
+(``_harness.serve_main``, started lazily, one per interpreter and run environment): a launcher that
+has paid the start-up and the imports once and then forks, per process of a run, a child that
+runs the very same `launch` a fresh launcher runs (cgroup, namespaces, pid 1, file view, rlimits,
+uid or capabilities, ``no_new_privs``), so the isolation is applied after the fork, per run, as
+before. The server itself is an ordinary process of ours outside any namespace; sharing one
+namespace between runs was not worth a weaker argument. Why a child inherits nothing that matters:
+the server is started with exactly the environment every run gets (``PYTHONHASHSEED=0`` included,
+which only start-up reads) and stdio pipes like a run's; it is single-threaded and never changes a
+signal disposition; the child's first acts are to close every descriptor but the run's own (the
+control socket and other runs' sockets included), become a session leader and tie its life to the
+server's (``PR_SET_PDEATHSIG``); and nothing secret ever enters the server: programs and tests go
+from us straight into the run's pipes, so the memory a child inherits holds the harness and
+earlier runs' cfgs (uids, paths, limits). ``random`` is not imported there, so each run seeds its
+own. A candidate cannot reach the server: it is outside the run's PID namespace (and under root,
+another uid), and its control socket is an unnamed socketpair only we hold. The server reports
+each launcher's exit and reaps it only when we are done with the run, so our signals by pid and
+process group stay safe; a run whose server died is redone with fresh launchers (the next run
+starts a new server), and where a server cannot start, or its launchers cannot set up, runs start
+fresh interpreters as before, with a log line: never weaker isolation. ``fork_server=False``
+turns it off. Without isolation there is no server (a candidate of our uid could signal it).
+
 Tests (`run_tests`) run in a second process, the *judge*, under another uid and in the same kind
 of file view; see ``_harness.py``. Whatever the candidate writes to the pipes that is not a valid
 reply is a *protocol violation* (``result.protocol_violation``): the run scores 0, never an error.
@@ -804,6 +827,7 @@ class _ForkServer:
         self.proc.stdout.close()
         self.sock = ours
         self._lock = threading.Lock()
+        self._last_words = ""
         self.pid = self.proc.pid
         ours.settimeout(30)
         try:
@@ -811,7 +835,7 @@ class _ForkServer:
         except OSError as e:
             hello = f"{type(e).__name__}: {e}".encode()
         finally:
-            ours.settimeout(None)
+            ours.settimeout(10)  # a request that cannot be sent in 10 s means a server that is stuck
         if hello != b"ready":
             self.close()
             raise SandboxError(f"the fork server did not start: {self.diagnosis() or hello.decode(errors='replace')}")
@@ -820,15 +844,16 @@ class _ForkServer:
         return self.proc.poll() is None
 
     def diagnosis(self) -> str:
-        """The end of what the server wrote to stderr (only a crash writes there)."""
+        """Once the server has exited: the end of what it wrote to stderr (only a failure writes there)."""
         assert self.proc.stderr is not None
-        if self.proc.stderr.closed or self.alive():
-            return ""
-        os.set_blocking(self.proc.stderr.fileno(), False)
-        try:
-            return (self.proc.stderr.read() or b"").decode(errors="replace")[-500:].strip()
-        except OSError:
-            return ""
+        if not self.proc.stderr.closed and not self.alive():
+            os.set_blocking(self.proc.stderr.fileno(), False)
+            try:
+                self._last_words = (self.proc.stderr.read() or b"").decode(errors="replace")[-500:].strip()
+            except OSError:
+                pass
+            self.proc.stderr.close()
+        return self._last_words
 
     def spawn(self, cfg: dict[str, Any], fds: list[int], deadline: float) -> tuple[int, socket.socket]:
         """Ask for a launcher with `cfg` and these descriptors (stdin, stdout, stderr, status pipe,
@@ -856,16 +881,18 @@ class _ForkServer:
             raise SandboxError(f"the fork server could not start a launcher: {msg[6:].decode(errors='replace')}")
         raise _ForkServerTrouble(f"the fork server did not answer ({self.diagnosis() or 'no word from it'})")
 
-    def close(self) -> None:
-        """End the server: it stops whatever runs it still has, then exits."""
+    def close(self, kill: bool = False) -> None:
+        """End the server: it stops whatever runs it still has, then exits (``kill``: now; its
+        launchers then get SIGTERM from the kernel, which a monitor passes on to its pid 1)."""
         self.sock.close()
+        if kill:
+            _killpg(self.proc.pid)
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             _killpg(self.proc.pid)
             self.proc.wait()
-        assert self.proc.stderr is not None
-        self.proc.stderr.close()
+        self.diagnosis()  # and closes its stderr
 
     def cpu_seconds(self) -> float:
         """CPU the server and the launchers it has reaped used (/proc/PID/stat: utime, stime,
@@ -923,9 +950,9 @@ class _ForkServers:
             key = next((k for k, s in self._servers.items() if s is server), None)
             if key is None:
                 return
+            del self._servers[key]  # dead or stuck: the next run starts another (or none, below)
+            server.close(kill=True)
             if e.setup:
-                del self._servers[key]
-                server.close()
                 self._give_up(key, str(e))
             else:
                 logging.getLogger("agentrl.sandbox").warning("%s; the run is redone with fresh launchers", e)
