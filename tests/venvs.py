@@ -44,6 +44,8 @@ def make_venv(path: Path) -> Path:
         Path(purelib).mkdir(parents=True, exist_ok=True)
         base = set(site.getsitepackages([sys.base_prefix, sys.base_exec_prefix]))  # seen already
         outer = [d for d in site.getsitepackages() if Path(d).is_dir() and d not in base]
-        # one line starting with `import`: site.py executes it at start-up
-        (Path(purelib) / PTH).write_text(f"import site; [site.addsitedir(d) for d in {outer!r}]\n")
+        # one line starting with `import`: site.py executes it at start-up, with exec() inside a function, where
+        # a comprehension cannot see the line's own `import site` before Python 3.12: one call per folder instead
+        calls = "".join(f"; site.addsitedir({d!r})" for d in outer)
+        (Path(purelib) / PTH).write_text(f"import site{calls}\n")
     return python
