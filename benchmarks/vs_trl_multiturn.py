@@ -331,9 +331,10 @@ def trl_on_own_template(model_dir: Path, work: Path, args: argparse.Namespace) -
     tokenizer = AutoTokenizer.from_pretrained(folder)
     tokenizer.chat_template = own
     tokenizer.save_pretrained(folder)
-    data = Dataset.from_dict({"prompt": [[{"role": "user", "content": ""}]] * 4, "seed": list(range(4))})
+    n = args.group_size
+    data = Dataset.from_dict({"prompt": [[{"role": "user", "content": ""}]] * n, "seed": list(range(n))})
     try:
-        GRPOTrainer(model=str(folder), args=trl_config(work / "trl-own", args, 4, 1), train_dataset=data,
+        GRPOTrainer(model=str(folder), args=trl_config(work / "trl-own", args, n, 1), train_dataset=data,
                     environment_factory=TOOLS[args.task])
     except Exception as e:  # the point of this probe: what TRL says
         return f"{type(e).__name__}: {e}"
