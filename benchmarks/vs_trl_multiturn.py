@@ -57,6 +57,7 @@ import io
 import json
 import os
 import platform
+import resource
 import shlex
 import statistics
 import sys
@@ -504,7 +505,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "the env ends episodes early, which TRL's loop cannot (the earlier, not like-for-like figures)")
     ap.add_argument("--updates", type=int, default=3, help="timed updates per side, after one warm-up update")
     ap.add_argument("--prompts", type=int, default=2, help="prompts (groups) per update")
-    ap.add_argument("--group-size", type=int, default=8, help="episodes per prompt (G)")
+    ap.add_argument("--group-size", type=int, default=4, help="episodes per prompt (G); 2 x 8 SmolLM2 episodes of 6 "
+                    "turns need more than 24 GB with both trainers in one process")
     ap.add_argument("--max-new-tokens", type=int, default=48, help="tokens per turn (agentrl); TRL's episode budget "
                     "is turns x (this + 32)")
     ap.add_argument("--demos", type=int, default=None, help="expert demonstrations for the SFT warm start (default: "
@@ -607,7 +609,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "transformers_version": __import__("transformers").__version__,
         "machine": {"cpu_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                     "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "loadavg_1min_before_after": [round(load_before, 2), round(load_after, 2)]},
+                    "loadavg_1min_before_after": [round(load_before, 2), round(load_after, 2)],
+                    # both trainers live in this process: 2 x 8 episodes of SmolLM2 ran out of 24 GB (TRL scores
+                    # every completion position, tool results included, over the whole vocabulary)
+                    "max_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)},
         "command": "python "
         + " ".join(shlex.quote(x) for x in [os.path.relpath(sys.argv[0]), *(sys.argv[1:] if argv is None else argv)]),
     }
