@@ -33,9 +33,13 @@ cache also holds padding holes: each turn's observations are left-padded to the 
 
     python benchmarks/multi_turn.py
     python benchmarks/multi_turn.py --locks 2 8 16 20 --episodes 32 --new-tokens 16 --repeats 3
+    python benchmarks/multi_turn.py --quick             # 4 and 16 turns, 16 episodes, one round
+    python benchmarks/multi_turn.py --engine-only       # the engine's side alone (its exponent, no ratio)
 
 Last line: one JSON object with the figures; `ratio` is the engine's episodes/s divided by the
-baseline's at the longest horizon.
+baseline's at the longest horizon. Per horizon the engine's forwards, its milliseconds per forward, and its
+padding fraction: of the cache positions its forwards attended over (rows x cache width, summed over
+forwards), the share that were masked holes.
 """
 
 from __future__ import annotations
@@ -58,15 +62,23 @@ MODEL = TinyModelConfig(hidden_size=128, intermediate_size=384, num_hidden_layer
                         num_key_value_heads=2, max_position_embeddings=4096)
 
 
-def engine_episodes(policy: Policy, locks: int, seeds: list[int], new_tokens: int) -> list[int]:
-    """agentrl's rollout; returns each episode's total tokens (prompt, actions, observations)."""
+def engine_episodes(policy: Policy, locks: int, seeds: list[int], new_tokens: int,
+                    counts: dict[str, int] | None = None) -> list[int]:
+    """agentrl's rollout; returns each episode's total tokens (prompt, actions, observations). `counts` gets the
+    session's forwards and the cache positions they attended over, and how many of those were padding."""
     chat = policy.chat
     envs = [make("agentrl/Vault-v0", locks=locks, slack=0) for _ in seeds]
     engine = TorchEngine(policy.model, SamplingConfig(max_new_tokens=new_tokens), stop_ids=[], eos_id=chat.eos_id,
                          pad_id=chat.pad_id, seed=seeds[0])
+    sessions = []
+    opened = engine.open
+    engine.open = lambda prompts: sessions.append(opened(prompts)) or sessions[-1]
     episodes, _ = rollout(envs, seeds, engine, chat)
     assert all(e.num_turns == 2 * locks and e.truncated for e in episodes), "an episode ended before its turn budget"
     assert all(len(t.action_ids) == new_tokens for e in episodes for t in e.turns)
+    if counts is not None:
+        for name in ("forwards", "positions_attended", "positions_padding"):
+            counts[name] = sum(getattr(s, name) for s in sessions)
     return [len(e.token_ids()) + len(e.turns[-1].obs_ids) for e in episodes]
 
 
@@ -111,8 +123,13 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=16, help="tokens per action (every action is this long)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--engine-only", action="store_true", help="time the engine alone (no baseline, no ratio)")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 4 and 16 turns, 16 episodes, 1 round")
     ap.add_argument("--out", default="/tmp/agentrl-bench-multi-turn")
     args = ap.parse_args()
+    if args.quick:
+        args.locks, args.episodes, args.repeats = [2, 8], 16, 1
+    sides = ("engine",) if args.engine_only else ("engine", "baseline")
 
     build_tiny_policy(expert_texts(make("agentrl/Vault-v0", locks=4, slack=0), range(200), noise=0.3), args.out, MODEL,
                       seed=0)
@@ -120,41 +137,56 @@ def main() -> None:
     policy.model.eval()
     seeds = list(range(args.episodes))
     engine_episodes(policy, 1, seeds, args.new_tokens)  # warm-up (a fresh model's first calls are slow)
-    baseline_episodes(policy, 1, seeds, args.new_tokens)
+    if not args.engine_only:
+        baseline_episodes(policy, 1, seeds, args.new_tokens)
 
     rows = []
     for locks in args.locks:
-        secs: dict[str, list[float]] = {"engine": [], "baseline": []}
+        secs: dict[str, list[float]] = {side: [] for side in sides}
         tokens: dict[str, list[int]] = {}
+        counts: dict[str, int] = {}
         for _ in range(args.repeats):
-            for name, fn in (("engine", engine_episodes), ("baseline", baseline_episodes)):
+            for name in sides:
                 t0 = time.perf_counter()
-                tokens[name] = fn(policy, locks, seeds, args.new_tokens)
+                if name == "engine":
+                    tokens[name] = engine_episodes(policy, locks, seeds, args.new_tokens, counts)
+                else:
+                    tokens[name] = baseline_episodes(policy, locks, seeds, args.new_tokens)
                 secs[name].append(time.perf_counter() - t0)
-        eng, base = statistics.median(secs["engine"]), statistics.median(secs["baseline"])
+        eng = statistics.median(secs["engine"])
         row = {
             "locks": locks, "turns": 2 * locks,
             "engine_episodes_per_s": round(args.episodes / eng, 2),
-            "baseline_episodes_per_s": round(args.episodes / base, 2),
             "engine_s_per_episode": round(eng / args.episodes, 4),
-            "baseline_s_per_episode": round(base / args.episodes, 4),
             "engine_tokens_per_episode": round(statistics.mean(tokens["engine"]), 1),
-            "baseline_tokens_per_episode": round(statistics.mean(tokens["baseline"]), 1),
-            "engine_s": [round(s, 3) for s in secs["engine"]], "baseline_s": [round(s, 3) for s in secs["baseline"]],
-            "ratio": round(base / eng, 2),
+            "engine_s": [round(s, 3) for s in secs["engine"]],
+            # rows x cache width summed over the engine's forwards: the share of it that was padding (holes)
+            "engine_forwards": counts["forwards"],
+            "engine_ms_per_forward": round(1000 * eng / counts["forwards"], 2),
+            "engine_padding_fraction": round(counts["positions_padding"] / counts["positions_attended"], 3),
         }
+        line = (f"{row['turns']:3d} turns: engine {row['engine_episodes_per_s']:7.2f} episodes/s "
+                f"({row['engine_s_per_episode']:.3f} s/episode, {row['engine_ms_per_forward']:.1f} ms a forward, "
+                f"padding {row['engine_padding_fraction']:.0%})")
+        if not args.engine_only:
+            base = statistics.median(secs["baseline"])
+            row.update({
+                "baseline_episodes_per_s": round(args.episodes / base, 2),
+                "baseline_s_per_episode": round(base / args.episodes, 4),
+                "baseline_tokens_per_episode": round(statistics.mean(tokens["baseline"]), 1),
+                "baseline_s": [round(s, 3) for s in secs["baseline"]],
+                "ratio": round(base / eng, 2),
+            })
+            line += (f", generate() per turn {row['baseline_episodes_per_s']:7.2f} episodes/s "
+                     f"({row['baseline_s_per_episode']:.3f} s/episode) -> {row['ratio']:.2f}x; tokens/episode "
+                     f"{row['engine_tokens_per_episode']:.0f} vs {row['baseline_tokens_per_episode']:.0f}")
         rows.append(row)
-        print(f"{row['turns']:3d} turns: engine {row['engine_episodes_per_s']:7.2f} episodes/s "
-              f"({row['engine_s_per_episode']:.3f} s/episode), generate() per turn "
-              f"{row['baseline_episodes_per_s']:7.2f} episodes/s ({row['baseline_s_per_episode']:.3f} s/episode) -> "
-              f"{row['ratio']:.2f}x; tokens/episode {row['engine_tokens_per_episode']:.0f} vs "
-              f"{row['baseline_tokens_per_episode']:.0f}",
-              flush=True)
+        print(line, flush=True)
 
     turns = np.log([r["turns"] for r in rows])
     exponent = {side: float(np.polyfit(turns, np.log([r[f"{side}_s_per_episode"] for r in rows]), 1)[0])
-                if len(rows) > 1 else None
-                 for side in ("engine", "baseline")}
+                if len(rows) > 1 and side in sides else None
+                for side in ("engine", "baseline")}
     result = {
         "benchmark": "multi_turn",
         "env": "agentrl/Vault-v0 (slack 0, untrained policy: every episode runs 2*locks turns)",
@@ -167,11 +199,12 @@ def main() -> None:
         "horizons": rows,
         "engine_time_exponent": None if exponent["engine"] is None else round(exponent["engine"], 3),
         "baseline_time_exponent": None if exponent["baseline"] is None else round(exponent["baseline"], 3),
-        "ratio": rows[-1]["ratio"],
+        "engine_padding_fraction": rows[-1]["engine_padding_fraction"],
+        "ratio": rows[-1].get("ratio"),
     }
     if exponent["engine"] is not None:
-        print(f"time per episode ~ turns^k: engine k = {exponent['engine']:.2f}, baseline k = "
-              f"{exponent['baseline']:.2f}")
+        print(f"time per episode ~ turns^k: engine k = {exponent['engine']:.2f}"
+              + ("" if exponent["baseline"] is None else f", baseline k = {exponent['baseline']:.2f}"))
     print(json.dumps(result))
 
 

@@ -20,12 +20,13 @@ from __future__ import annotations
 import copy
 import inspect
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache
+from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from agentrl.engines.base import Generation, SamplingConfig
@@ -147,6 +148,62 @@ class _RollingCache(DynamicCache):
             self.layer_class_to_replicate = lambda: _RollingLayer(self)
 
 
+def _plain_sdpa(config: Any) -> bool:
+    """Does every attention layer run SDPA under a plain causal mask (no sliding window)?"""
+    if getattr(config, "_attn_implementation", None) != "sdpa":
+        return False
+    types = getattr(config, "layer_types", None)
+    if types is not None:
+        return all(t == "full_attention" for t in types)
+    return not getattr(config, "sliding_window", None)
+
+
+def _gqa_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+              **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' SDPA attention for a chunk under the engine's additive mask, with the grouped key and value
+    heads read in place instead of copied (query (b, H, C, D), key and value (b, H_kv, L, D))."""
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,
+                                         enable_gqa=key.shape[1] != query.shape[1])  # (b, H, C, D)
+    return out.transpose(1, 2).contiguous(), None  # (b, C, H, D), as transformers' own
+
+
+_GQA_SDPA = "agentrl_gqa_sdpa"
+# architectures whose attention is plain SDPA over the projected heads (no softcap, sinks or position bias)
+_GQA_MODELS = {"llama", "qwen2", "qwen3"}
+AttentionInterface.register(_GQA_SDPA, _gqa_sdpa)
+
+
+@contextmanager
+def _attention(model: torch.nn.Module, name: str | None):
+    """Run the model's forwards under attention implementation `name` (None: its own). The engine's forwards are
+    the only ones on its model while it runs them (a rollout ahead of training generates from a copy)."""
+    if name is None:
+        yield
+        return
+    config = model.config
+    own = config._attn_implementation
+    config._attn_implementation = name
+    try:
+        yield
+    finally:
+        config._attn_implementation = own
+
+
+def _additive_mask(mask: torch.Tensor, chunk: int, dtype: torch.dtype) -> torch.Tensor:
+    """The (b, 1, C, L) additive mask of a forward feeding `chunk` tokens whose kept mask (b, L), the chunk
+    included, is `mask`: 0 where query i may see key j (j real and not after the query), -inf elsewhere.
+    The chunk is the cache's last C positions, so query i sits at position L - C + i."""
+    b, length = mask.shape
+    pad = torch.zeros(b, length, dtype=dtype, device=mask.device).masked_fill_(mask == 0, float("-inf"))  # (b, L)
+    if chunk == 1:
+        return pad[:, None, None, :]  # (b, 1, 1, L)
+    future = torch.full((chunk, chunk), float("-inf"), dtype=dtype, device=mask.device).triu_(1)  # (C, C)
+    full = pad[:, None, None, :].repeat(1, 1, chunk, 1)  # (b, 1, C, L)
+    full[..., length - chunk :] += future
+    return full
+
+
 class TorchEngine:
     """Generate with a transformers causal LM, keeping each row's KV cache across turns."""
 
@@ -166,6 +223,18 @@ class TorchEngine:
         self.eos_id = eos_id
         self.pad_id = pad_id
         self.device = next(model.parameters()).device
+        # With holes in the cache, the engine builds the 4D mask itself, additive (0 / -inf) in the model's dtype:
+        # transformers would expand the 2D mask to a boolean 4D one every forward, and SDPA converts a boolean mask
+        # to an additive one in every layer, a pass over (rows, chunk, cache) each time: 16% of an observation
+        # chunk's forward at 32 turns. The same numbers reach the same kernel. Only where every layer is plain
+        # causal SDPA (a sliding-window layer needs the model's own mask); None: pass the 2D mask as before.
+        self.mask_dtype = next(self.model.parameters()).dtype if _plain_sdpa(self.model.config) else None
+        # A chunk under a mask (every turn's observations) reaches SDPA with each key and value head copied once per
+        # query head sharing it (transformers' repeat_kv: a copy of the whole cache per layer, 20% of the chunk's
+        # forward at 32 turns); on CPU, SDPA reads the shared heads in place (enable_gqa), bit for bit the same.
+        # Accelerators keep transformers' path, whose kernels do not all take a mask with grouped heads.
+        self.gqa_attention = (_GQA_SDPA if self.mask_dtype is not None and self.device.type == "cpu"
+                              and getattr(self.model.config, "model_type", None) in _GQA_MODELS else None)
         # transformers 5 renamed `past_key_values` to `cache`
         base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model passes kwargs on
         params = inspect.signature(base.forward).parameters
@@ -188,7 +257,12 @@ class TorchEngine:
         self.length_buckets = True
         self.split_cost = 3200.0 if self.device.type == "cpu" else 1e12
         self.row_cost = 156.0
-        self.compact_cost = 0.25  # one gather of a row-position, against a turn's attention over it
+        # one gather of a row-position, against a turn's attention over it (0.25 while the next chunk copied the
+        # compacted cache once more; it now gathers into the room of the turns ahead)
+        self.compact_cost = 0.1
+        # A forward's fixed cost in query-key pairs of attention (TorchSession._feed_heads): ~2 ms against ~5e-5 ms a
+        # pair, measured on CPU with the tiny policy; an accelerator pays for a forward, not for its rows: never split.
+        self.head_cost = 40_000.0 if self.device.type == "cpu" else 1e12
         # Rows that start with the same prompt (a GRPO group's G samples) are prefilled once and their keys and
         # values copied to each row (TorchSession._share_prefill); rollout.share_prefill turns it off.
         self.share_prefill = True
@@ -320,8 +394,13 @@ class TorchSession:
         self.pos = torch.zeros(len(prompts), dtype=torch.long, device=dev)  # (B,) real tokens so far
         self.pending: list[list[int]] = prompts  # tokens each row has not yet fed to the model
         self.tokens_fed = 0  # padded positions run through the model (for throughput accounting)
+        self.forwards = 0  # model forwards run (prefills of shared prompts not counted)
+        # cache positions the forwards attended over (rows x width, summed over forwards), and of them masked holes
+        self.positions_attended = 0
+        self.positions_padding = 0
         self.groups_run = 0  # turns' forwards run on a window of the cache (a run of slots), for tests and benchmarks
         self.compactions = 0
+        self.heads_fed = 0  # long chunks whose leading tokens ran in a forward of their own (_feed_heads)
         self.prefill_tokens = 0  # prompt tokens the model ran for rows joining the batch (real, not padding)
         self.prefill_saved = 0  # ... and those it did not run because another row's prompt shared them
         self.turn_hidden: torch.Tensor | None = None
@@ -362,12 +441,25 @@ class TorchSession:
         # An all-ones mask is one that transformers checks (a reduction, a host sync) and then
         # drops: until the first hole, pass none; the model runs the same kernels on the same numbers.
         g.holes = g.holes or not bool(chunk_mask.all())
-        out = self.engine.model(
-            input_ids=ids, attention_mask=g.mask if g.holes else None, position_ids=pos_ids, use_cache=True,
-            output_hidden_states=hidden, **{self.engine.cache_kwarg: g.cache}, **self.engine.last_logits,
-        )
+        eng, chunk, width = self.engine, ids.shape[1], g.mask.shape[1]
+        past = width > chunk  # a chunk after cached positions: transformers materializes a mask even without holes
+        mask, attention = None, None
+        if eng.mask_dtype is None:
+            mask = g.mask if g.holes else None
+        elif g.holes or (chunk > 1 and past):
+            mask = _additive_mask(g.mask, chunk, eng.mask_dtype)
+            if chunk > 1 and eng.gqa_attention:
+                attention = eng.gqa_attention
+        with _attention(eng.model, attention):
+            out = eng.model(
+                input_ids=ids, attention_mask=mask, position_ids=pos_ids, use_cache=True,
+                output_hidden_states=hidden, **{eng.cache_kwarg: g.cache}, **eng.last_logits,
+            )
         pos += chunk_mask.sum(1)
         self.tokens_fed += ids.numel()
+        self.forwards += 1
+        self.positions_attended += ids.shape[0] * width
+        self.positions_padding += ids.shape[0] * width - int(g.mask.sum())
         if hidden:  # the state at the last context token, which a turn critic reads
             self.turn_hidden = out.hidden_states[-1][:, -1].float()  # (b, H)
         return out.logits[:, -1]  # (b, V)
@@ -388,13 +480,19 @@ class TorchSession:
         # a stable sort puts each row's holes first and its real positions after, in their order
         idx = torch.argsort(real.int(), dim=1, stable=True)[:, real.shape[1] - width :]  # (B, W)
         self.mask, self.mask_buf = real.gather(1, idx).long(), None
+        # the gather also fills the room of the turns ahead (copies of a row's first key, finite and never attended
+        # to before a forward overwrites them), so that the next chunk does not copy the compacted cache again
+        room = self._room_ahead(width) if width else 0
+        idx_room = torch.cat([idx, idx[:, :1].expand(-1, room)], 1) if room else idx  # (B, W + room)
         for layer in self._layers():
-            k_idx = idx[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])  # (B, H, W, D)
+            shape = (-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+            k_idx = idx_room[:, None, :, None].expand(*shape)  # (B, H, W + room, D)
             if order is not None:
                 layer.keys, layer.values = layer.keys[idx_rows], layer.values[idx_rows]
-            layer.keys, layer.values = layer.keys.gather(2, k_idx), layer.values.gather(2, k_idx)
+            keys, values = layer.keys.gather(2, k_idx), layer.values.gather(2, k_idx)
+            layer.keys, layer.values = keys.narrow(2, 0, width), values.narrow(2, 0, width)
             if isinstance(layer, _RollingLayer):
-                layer.key_buf = layer.value_buf = None
+                layer.key_buf, layer.value_buf = keys, values
         if order is not None:
             self.pos, self.drawn = self.pos[idx_rows], self.drawn[idx_rows]
             self.slot_rows = [self.slot_rows[s] for s in perm]
@@ -402,6 +500,11 @@ class TorchSession:
             self.fresh = [self.fresh[s] for s in perm]
         self.turn_hidden = None
         self.compactions += 1
+
+    def _room_ahead(self, length: int) -> int:
+        """Positions to reserve past a cache of `length`: the next chunk, the longest action, and a quarter more."""
+        widest = max((len(p) for p in self.pending), default=0)
+        return widest + self.engine.sampling.max_new_tokens + (length + widest) // 4
 
     def _partition(self, starts: list[int | None], length: int) -> tuple[float, list[tuple[int, int, int]]]:
         """The cheapest cut of the slots into runs, each decoded over cache positions from its
@@ -600,6 +703,58 @@ class TorchSession:
             self.groups_run += len(runs)
         return [out[s] for s in slots]
 
+    def _feed_heads(self, g: _Group, slots: list[int], width: int) -> int:
+        """Feed the leading tokens of the turn's longest chunks first, each row alone, when that is cheaper than
+        padding every row's chunk to the longest; returns the width the batch's chunk keeps (`width`: none fed).
+
+        A chunk forward costs about rows x chunk width x cache width (every query attends over the whole cache),
+        so one long observation (an error message, a tool's long output) makes every row pay for its length. Its
+        head runs instead in a forward of its own, over its row's window of the cache, right-aligned against the
+        batch's chunk, which then keeps `tail` columns: the cache gains the same `width` positions either way, the
+        head rows' first ones holes like any padding. Chosen under `head_cost`, a forward's fixed cost in
+        query-key pairs: the k longest chunks alone, for the k that costs least (k = 0: as before)."""
+        eng = self.engine
+        length = self.cache_len
+        layers = getattr(self.cache, "layers", [])
+        if (g.window or not length or not layers or not isinstance(self.cache, _RollingCache)
+                or not all(isinstance(layer, _RollingLayer) and layer.get_seq_length() == length for layer in layers)):
+            return width
+        sizes = sorted((len(self.pending[s]) for s in slots), reverse=True)
+        rows = g.hi - g.lo
+        tail, best = width, float(rows * width * length)
+        for cut in sorted(set(sizes[1:]), reverse=True):
+            cost = rows * cut * length + sum(eng.head_cost + (n - cut) * length for n in sizes if n > cut)
+            if cost < best:
+                tail, best = cut, cost
+        if tail == width:
+            return width
+        gap = width - tail
+        need = length + width + eng.sampling.max_new_tokens  # the turn's room, zero past the cache
+        for layer in layers:
+            layer.keys, layer.key_buf = _fit(layer.keys, layer.key_buf, need, dim=-2)
+            layer.values, layer.value_buf = _fit(layer.values, layer.value_buf, need, dim=-2)
+        self.mask, self.mask_buf = _fit(self.mask, self.mask_buf, need, dim=1)
+        for s in slots:
+            head = self.pending[s][:-tail]
+            if not head:
+                continue
+            start = length + gap - len(head)  # the head ends where the batch's chunk begins
+            win = DynamicCache()
+            win.layers = [_WindowLayer(layer.key_buf[s : s + 1], layer.value_buf[s : s + 1], start) for layer in layers]
+            mask_buf = self.mask_buf[s : s + 1]
+            self._group = _Group(s, s + 1, 0, win, mask_buf[:, :start], mask_buf, True, True)
+            ids = torch.tensor([head], dtype=torch.long, device=eng.device)  # (1, h)
+            self._forward(ids, torch.ones_like(ids))
+            self.pending[s] = self.pending[s][-tail:]
+            self.heads_fed += 1
+        self._group = g
+        for layer in layers:
+            layer.keys = layer.key_buf.narrow(-2, 0, length + gap)
+            layer.values = layer.value_buf.narrow(-2, 0, length + gap)
+        g.mask = self.mask = self.mask_buf.narrow(1, 0, length + gap)
+        g.mask_buf, g.holes = self.mask_buf, True
+        return tail
+
     def _turn(self, g: _Group, wanted: set[int], forced: dict[int, Sequence[int]] | None,
               out: dict[int, Generation]) -> None:
         """Decode one action for each wanted slot in g.lo:g.hi; the group's other slots feed masked pads."""
@@ -610,12 +765,13 @@ class TorchSession:
         active = torch.zeros(b, dtype=torch.bool, device=dev)
         active[local] = True
         width = max(len(self.pending[s]) for s in slots)
-        ids = torch.full((b, width), eng.pad_id, dtype=torch.long, device=dev)  # (b, C)
+        tail = self._feed_heads(g, slots, width)  # the chunk's last `tail` columns; the rest fed already
+        ids = torch.full((b, tail), eng.pad_id, dtype=torch.long, device=dev)  # (b, C)
         m = torch.zeros_like(ids)
         for s in slots:  # left-pad: the last column is every row's newest token
             chunk = self.pending[s]
-            ids[s - g.lo, width - len(chunk) :] = torch.tensor(chunk, dtype=torch.long)
-            m[s - g.lo, width - len(chunk) :] = 1
+            ids[s - g.lo, tail - len(chunk) :] = torch.tensor(chunk, dtype=torch.long)
+            m[s - g.lo, tail - len(chunk) :] = 1
             self.pending[s] = []
         # A row not decoded may see no real position in its window (a free or fresh slot, or one whose
         # positions begin before the window): it would attend to nothing (NaN, which its masked positions
@@ -623,8 +779,10 @@ class TorchSession:
         idle = ~active
         m[idle, -1] = 1
         before = self.pos[g.lo : g.hi].clone()
-        # room for this chunk and the longest action: no growth while decoding this turn
-        self.room = length + width + cfg.max_new_tokens
+        # room for this chunk and the longest action: no growth while decoding this turn; a quarter more, so that
+        # the next turns grow into it instead of copying the whole cache at every turn's chunk
+        need = length + width + cfg.max_new_tokens
+        self.room = need + need // 4
         if isinstance(self.cache, _RollingCache):
             self.cache.room = self.room
         logits = self._forward(ids, m, hidden=eng.capture_hidden)

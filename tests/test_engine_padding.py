@@ -1,0 +1,186 @@
+"""What the torch engine attends over: the additive mask it builds itself, grouped key and value heads read in
+place, the long chunks' heads fed alone, compaction into reserved room, and the padding counters.
+
+The oracles: greedy decoding against re-encoding each row's whole history with no cache; the engine with
+every one of these off (transformers' own 2D mask and head copies, every chunk padded to the longest), whose
+samples and log-probs the mask and the grouped heads reproduce bit for bit and the heads and compactions up to
+the last bit of a matmul run at another batch size; padding counted by hand on a two-row batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from agentrl.engines import SamplingConfig, TorchEngine, torch_engine
+from agentrl.engines.torch_engine import _additive_mask
+from agentrl.registry import make
+from agentrl.rollout import rollout
+
+
+@pytest.fixture(scope="module")
+def context_model():
+    """A micro Llama (grouped heads: 4 query, 2 key/value) whose greedy choice depends on the whole context."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, initializer_range=0.1, max_position_embeddings=512)
+    return LlamaForCausalLM(cfg).eval()
+
+
+@torch.no_grad()
+def greedy_reencoded(model, history: list[int], max_new: int) -> list[int]:
+    ids, out = list(history), []
+    for _ in range(max_new):
+        tok = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+        out.append(tok)
+        ids.append(tok)
+    return out
+
+
+def plain(engine: TorchEngine) -> TorchEngine:
+    """The engine as it was: transformers builds the mask, copies the grouped heads, every chunk padded."""
+    engine.mask_dtype = engine.gqa_attention = None
+    engine.head_cost = float("inf")
+    engine.compact_cost = 1e9
+    return engine
+
+
+def test_additive_mask_is_the_causal_mask_over_the_kept_positions():
+    kept = torch.tensor([[0, 1, 1, 0, 1], [1, 1, 0, 1, 1]])  # (b, L): the last 2 positions are the chunk's
+    mask = _additive_mask(kept, 2, torch.float32)  # (b, 1, C, L)
+    allowed = torch.tensor([[[0, 1, 1, 0, 0], [0, 1, 1, 0, 1]],
+                            [[1, 1, 0, 1, 0], [1, 1, 0, 1, 1]]], dtype=torch.bool)[:, None]
+    assert mask.shape == (2, 1, 2, 5)
+    assert torch.equal(mask == 0, allowed) and bool((mask[~allowed] == float("-inf")).all())
+    assert torch.equal(_additive_mask(kept, 1, torch.float32), mask[:, :, 1:])  # a decode step: the last row
+
+
+@pytest.mark.parametrize("head_cost", [0.0, float("inf")], ids=["heads-alone", "padded"])
+def test_uneven_chunks_decode_what_reencoding_decodes(context_model, head_cost):
+    """One row's observation far longer than the others' every turn: with heads fed alone (head_cost 0) or the
+    chunk padded to the longest, every row decodes token for token what re-encoding its history decodes."""
+    model, g = context_model, torch.Generator().manual_seed(2)
+
+    def rand(n):
+        return torch.randint(2, model.config.vocab_size, (n,), generator=g).tolist()
+
+    engine = TorchEngine(model, SamplingConfig(temperature=0, max_new_tokens=5), [], 1, 0)
+    assert engine.mask_dtype == torch.float32 and engine.gqa_attention is not None
+    engine.head_cost = head_cost
+    history = [rand(6 + 3 * r) for r in range(4)]
+    session = engine.open([list(h) for h in history])
+    for turn in range(5):
+        for row, gen in zip(session.rows, session.generate()):
+            assert gen.ids == greedy_reencoded(model, history[row], 5), f"row {row}, turn {turn}"
+            history[row] += gen.ids
+        obs = [rand(30 if row == turn % 4 else 1 + row) for row in session.rows]
+        session.extend(obs)
+        for row, o in zip(session.rows, obs):
+            history[row] += o
+    assert (session.heads_fed > 0) == (head_cost == 0.0)
+
+
+def test_compaction_gathers_into_the_room_ahead(context_model, monkeypatch):
+    """Every row with holes (each turn another row's observation is the longest): the cache is compacted, each
+    row still decodes what re-encoding its history decodes, and the chunk after a compaction writes into the
+    room the gather left (no layer's keys or values copied again)."""
+    model, g = context_model, torch.Generator().manual_seed(4)
+    compacted, grew_after = [], []
+    compact = torch_engine.TorchSession._compact
+
+    def counting_compact(self, order=None):
+        compacted.append(True)
+        compact(self, order)
+
+    def counting_append(view, buf, new, room, dim):
+        out = torch_engine._append.__wrapped__(view, buf, new, room, dim)
+        if dim == -2 and compacted and compacted[-1]:
+            grew_after.append(out[1] is not buf)
+        return out
+
+    counting_append.__wrapped__ = torch_engine._append
+    monkeypatch.setattr(torch_engine.TorchSession, "_compact", counting_compact)
+    monkeypatch.setattr(torch_engine, "_append", counting_append)
+
+    def rand(n):
+        return torch.randint(2, model.config.vocab_size, (n,), generator=g).tolist()
+
+    engine = TorchEngine(model, SamplingConfig(temperature=0, max_new_tokens=4), [], 1, 0)
+    engine.head_cost, engine.compact_cost = float("inf"), 0.0
+    history = [rand(8) for _ in range(3)]
+    session = engine.open([list(h) for h in history])
+    for turn in range(6):
+        for row, gen in zip(session.rows, session.generate()):
+            assert gen.ids == greedy_reencoded(model, history[row], 4), f"row {row}, turn {turn}"
+            history[row] += gen.ids
+        if compacted:
+            compacted.append(False)  # later appends are another turn's
+        obs = [rand(12 if row == turn % 3 else 2) for row in session.rows]
+        session.extend(obs)
+        for row, o in zip(session.rows, obs):
+            history[row] += o
+    assert session.compactions > 0 and grew_after and not any(grew_after)
+
+
+def vault_rollout(policy, engine: TorchEngine):
+    chat = policy.chat
+    envs = [make("agentrl/Vault-v0", locks=2 + i % 2, slack=0) for i in range(8)]
+    sessions = []
+    opened = engine.open
+    engine.open = lambda prompts: sessions.append(opened(prompts)) or sessions[-1]
+    episodes, _ = rollout(envs, list(range(8)), engine, chat, workers="serial")
+    return episodes, sessions[0]
+
+
+def test_mask_and_grouped_heads_change_no_bit(context_model):
+    """The engine's own additive mask and SDPA over the grouped heads in place: the same kernels on the same
+    numbers as transformers' boolean mask and copied heads, so samples and log-probs are equal bit for bit."""
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(2, 64, (5 + 4 * r,), generator=g).tolist() for r in range(3)]
+    obs = [[torch.randint(2, 64, (1 + 7 * ((r + k) % 3),), generator=g).tolist() for r in range(3)] for k in range(3)]
+    runs = []
+    for own in (True, False):
+        engine = TorchEngine(context_model, SamplingConfig(max_new_tokens=6), [], 1, 0, seed=5)
+        engine.head_cost, engine.compact_cost = float("inf"), 1e9  # only the mask and the heads differ
+        if not own:
+            engine.mask_dtype = engine.gqa_attention = None
+        session = engine.open(prompts)
+        gens = []
+        for k in range(3):
+            gens += [(g.ids, g.logprobs) for g in session.generate()]
+            session.extend(obs[k])
+        runs.append(gens)
+    assert runs[0] == runs[1]
+
+
+def test_vault_rollout_with_uneven_observations_matches_the_plain_engine(vault_policy):
+    """A multi-turn Vault rollout (observations of uneven length every turn, sampling at T=1): the engine with
+    its heads fed alone, its cache compacted into reserved room, its own mask and grouped heads samples what the
+    plain engine samples, up to the last bit of a matmul run at another batch size (at most one episode of 8
+    goes its own way after such a flip), with log-probs equal to 1e-5 wherever the tokens agree, and attends
+    over fewer padding positions."""
+    chat = vault_policy.chat
+    sampling = SamplingConfig(max_new_tokens=8)
+    fast = TorchEngine(vault_policy.model, sampling, [], chat.eos_id, chat.pad_id, seed=7)
+    fast.head_cost, fast.compact_cost = 0.0, 0.0  # every lever as often as it can be pulled
+    slow = plain(TorchEngine(vault_policy.model, sampling, [], chat.eos_id, chat.pad_id, seed=7))
+    (eps, session), (ref, ref_session) = vault_rollout(vault_policy, fast), vault_rollout(vault_policy, slow)
+    assert session.heads_fed > 0
+    assert [e.num_turns for e in eps] == [e.num_turns for e in ref]
+    same = [a.token_ids() == b.token_ids() for a, b in zip(eps, ref)]
+    assert sum(same) >= len(ref) - 1
+    gaps = [abs(x - y) for a, b, s in zip(eps, ref, same) if s for ta, tb in zip(a.turns, b.turns)
+            for x, y in zip(ta.logprobs, tb.logprobs)]
+    assert max(gaps) < 1e-5
+    fraction = session.positions_padding / session.positions_attended
+    assert fraction < ref_session.positions_padding / ref_session.positions_attended
+
+
+def test_padding_counters_by_hand(context_model):
+    """Two prompts of 3 and 5 tokens, two new tokens: the prefill attends over 2 rows x 5 positions (2 of them
+    the short row's padding), the one decode step over 2 x 6 (the same 2)."""
+    engine = TorchEngine(context_model, SamplingConfig(max_new_tokens=2), [], 1, 0, seed=0)
+    session = engine.open([[5, 6, 7], [8, 9, 10, 11, 12]])
+    session.generate()
+    assert session.forwards == 2
+    assert (session.positions_attended, session.positions_padding) == (2 * 5 + 2 * 6, 2 + 2)
