@@ -50,15 +50,23 @@ class SlowVault(VaultEnv):
 
 
 def run(policy: Policy, latency: float, turns: int, episodes: int, new_tokens: int,
-        workers: str) -> tuple[float, list[list[int]]]:
+        workers: str, counts: dict[str, int] | None = None) -> tuple[float, list[list[int]]]:
+    """Seconds and each episode's tokens; `counts` gets the engine's forwards and the cache positions they
+    attended over (rows x width), and how many of those were padding."""
     chat = policy.chat
     envs = [SlowVault(latency, locks=1, slack=turns - 2) for _ in range(episodes)]
     engine = TorchEngine(policy.model, SamplingConfig(max_new_tokens=new_tokens), stop_ids=[], eos_id=chat.eos_id,
                          pad_id=chat.pad_id, seed=0)
+    sessions = []
+    opened = engine.open
+    engine.open = lambda prompts: sessions.append(opened(prompts)) or sessions[-1]
     t0 = time.perf_counter()
     eps, _ = rollout(envs, list(range(episodes)), engine, chat, workers=workers)
     seconds = time.perf_counter() - t0
     assert all(e.num_turns == turns for e in eps), "an episode ended before its turn budget"
+    if counts is not None:
+        for name in ("forwards", "positions_attended", "positions_padding"):
+            counts[name] = sum(getattr(s, name) for s in sessions)
     return seconds, [e.token_ids() for e in eps]
 
 
@@ -97,15 +105,25 @@ def main() -> None:
 
     cases = []
     for turns in args.turns:
-        zeros = [run(policy, 0.0, turns, args.episodes, args.new_tokens, "thread:64") for _ in range(args.repeats)]
+        counts: dict[str, int] = {}
+        zeros = [run(policy, 0.0, turns, args.episodes, args.new_tokens, "thread:64", counts)
+                 for _ in range(args.repeats)]
         zero, ref_tokens = statistics.median(z for z, _ in zeros), zeros[0][1]
+        # what one forward costs with a free tool (the issue compared it with single_turn.py's 5.8 ms)
+        per_forward = {"zero_latency_forwards": counts["forwards"],
+                       "zero_latency_ms_per_forward": round(1000 * zero / counts["forwards"], 2),
+                       "zero_latency_padding_fraction": round(counts["positions_padding"]
+                                                              / counts["positions_attended"], 3)}
+        print(f"{turns} turns, zero-latency tool: {zero:.2f} s, {counts['forwards']} forwards, "
+              f"{per_forward['zero_latency_ms_per_forward']:.1f} ms a forward, padding "
+              f"{per_forward['zero_latency_padding_fraction']:.0%}", flush=True)
         for latency in args.latency:
             defaults = [run(policy, latency, turns, args.episodes, args.new_tokens, "thread:64")
                         for _ in range(args.repeats)]
             default = statistics.median(d for d, _ in defaults)
             flips = max(flipped(tokens, ref_tokens) for _, tokens in defaults)
             case = {"latency_s": latency, "turns": turns, "zero_latency_s": round(zero, 3),
-                    "default_s": round(default, 3), "default_vs_zero": round(default / zero, 3)}
+                    "default_s": round(default, 3), "default_vs_zero": round(default / zero, 3), **per_forward}
             case["episodes_flipped"] = flips
             if not args.quick or latency <= 0.02:
                 serial, tokens = run(policy, latency, turns, args.episodes, args.new_tokens, "serial")
