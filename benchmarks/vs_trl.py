@@ -162,6 +162,27 @@ def prompt_text(tokenizer: Any, seed: int) -> str:
     return tokenizer.decode(ids, skip_special_tokens=False)
 
 
+def _one_malloc_arena() -> None:
+    """glibc gives each thread an arena of its own, and memory freed in one is not reused by the other: the two
+    trainers' threads would each keep their own peak. One arena (set before the threads start) lets them share it."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-8, 1)  # M_ARENA_MAX
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def _give_back_memory() -> None:
+    """Return freed heap to the OS (glibc's malloc_trim), so that one side's peak does not stay resident."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class Turns:
     """Two trainers in two threads take turns, one update each, so that both run under the same load
     (this machine is shared); each update is timed from the moment its side got the turn to the
@@ -169,6 +190,7 @@ class Turns:
     a time; the other waits on a condition, holding no CPU)."""
 
     def __init__(self, first: str, second: str):
+        _one_malloc_arena()
         self.cond = threading.Condition()
         self.other = {first: second, second: first}
         self.turn = first
@@ -188,6 +210,7 @@ class Turns:
     def update_done(self, me: str) -> None:
         """Record the update that just ended, hand the turn over and wait for it to come back."""
         wall, cpu = time.perf_counter(), time.process_time()
+        _give_back_memory()  # between the two timed intervals: neither side pays for it
         with self.cond:
             self.wall[me].append(wall - self.resumed[me][0])
             self.cpu[me].append(cpu - self.resumed[me][1])
