@@ -13,6 +13,13 @@ keys and values at every token (`torch.cat`), copying the whole cache each time:
 tokens copied its context N times. The session instead reserves room, once per turn, for the
 turn's chunk and its longest action, and writes each token into it (`_RollingCache`, and the
 same for the attention mask); the samples and log-probs are bit for bit those of `DynamicCache`.
+
+Over many turns the turn's observation chunk is the costly forward (on CPU, rows x chunk width x cache
+width of attention, against rows x cache width for a decode step): the engine builds its additive mask
+once per forward, lets SDPA read grouped key/value heads in place, feeds the longest observations' heads
+in forwards of their own rather than padding every row to them (`_feed_heads`), and squeezes the holes
+out of the cache when that pays (`_compact`). `positions_attended` / `positions_padding` count what the
+forwards attended over and how much of it was holes.
 """
 
 from __future__ import annotations
@@ -226,14 +233,16 @@ class TorchEngine:
         # With holes in the cache, the engine builds the 4D mask itself, additive (0 / -inf) in the model's dtype:
         # transformers would expand the 2D mask to a boolean 4D one every forward, and SDPA converts a boolean mask
         # to an additive one in every layer, a pass over (rows, chunk, cache) each time: 16% of an observation
-        # chunk's forward at 32 turns. The same numbers reach the same kernel. Only where every layer is plain
-        # causal SDPA (a sliding-window layer needs the model's own mask); None: pass the 2D mask as before.
-        self.mask_dtype = next(self.model.parameters()).dtype if _plain_sdpa(self.model.config) else None
+        # chunk's forward at 32 turns. The same numbers reach the same kernel. Only on CPU (where it was measured)
+        # and where every layer is plain causal SDPA (a sliding-window layer needs the model's own mask); None:
+        # pass the 2D mask as before.
+        self.mask_dtype = (next(self.model.parameters()).dtype
+                           if self.device.type == "cpu" and _plain_sdpa(self.model.config) else None)
         # A chunk under a mask (every turn's observations) reaches SDPA with each key and value head copied once per
         # query head sharing it (transformers' repeat_kv: a copy of the whole cache per layer, 20% of the chunk's
         # forward at 32 turns); on CPU, SDPA reads the shared heads in place (enable_gqa), bit for bit the same.
         # Accelerators keep transformers' path, whose kernels do not all take a mask with grouped heads.
-        self.gqa_attention = (_GQA_SDPA if self.mask_dtype is not None and self.device.type == "cpu"
+        self.gqa_attention = (_GQA_SDPA if self.mask_dtype is not None
                               and getattr(self.model.config, "model_type", None) in _GQA_MODELS else None)
         # transformers 5 renamed `past_key_values` to `cache`
         base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model passes kwargs on
