@@ -308,7 +308,7 @@ def trl_config(out: Path, args: argparse.Namespace, episodes: int, updates: int)
         max_completion_length=turns * (args.max_new_tokens + 32),
         max_tool_calling_iterations=turns - 1,  # 1 + (turns - 1) generations: the env's turn budget
         num_iterations=1, temperature=1.0, beta=args.kl_coef, epsilon=CLIP_EPS, loss_type="dapo",
-        scale_rewards="group", learning_rate=LR, max_grad_norm=1.0, max_steps=updates, logging_steps=1,
+        scale_rewards="group", learning_rate=args.lr, max_grad_norm=1.0, max_steps=updates, logging_steps=1,
         report_to=[], use_cpu=True, bf16=False, activation_checkpointing=False, save_strategy="no",
         disable_tqdm=True, seed=args.seed, dataloader_num_workers=0,
     )
@@ -369,7 +369,7 @@ def agentrl_trainer(model_dir: Path, args: argparse.Namespace, out: Path,
         device="cpu",
         updates=1 + args.updates, seed=args.seed, out=str(out),
         loss={"kl_coef": args.kl_coef, "agg": "token-mean", "eps_low": CLIP_EPS, "eps_high": CLIP_EPS},
-        optim={"lr": LR, "minibatches": 1, "ppo_epochs": 1, "max_grad_norm": 1.0},
+        optim={"lr": args.lr, "minibatches": 1, "ppo_epochs": 1, "max_grad_norm": 1.0},
         rollout={"groups": args.prompts, "group_size": args.group_size,
                  "sampling": {"max_new_tokens": args.max_new_tokens, "temperature": 1.0}},
         eval={"episodes": 1, "every": 0},
@@ -517,6 +517,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--sft-lr", type=float, default=None, help="SFT learning rate (default 1e-4 for a fetched model, "
                     "3e-3 for the tiny one, which starts from scratch)")
     ap.add_argument("--sft-noise", type=float, default=0.3, help="the expert's slip rate in the demonstrations")
+    ap.add_argument("--lr", type=float, default=None, help="the RL learning rate of both sides (default: 2e-4 for the "
+                    "tiny policy; 1e-6 for a fetched model, whose warm start 2e-4 broke within one update: 5 malformed "
+                    "calls an episode, and TRL's episodes ended after 1.3 turns)")
     ap.add_argument("--kl-coef", type=float, default=0.04)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--seed", type=int, default=0)
@@ -530,6 +533,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.demos = args.demos or (64 if real else 512)
     args.sft_epochs = args.sft_epochs or (2 if real else 4)
     args.sft_lr = args.sft_lr or (1e-4 if real else 3e-3)
+    args.lr = args.lr or (1e-6 if real else LR)
     if args.group_size < 2:
         ap.error("--group-size must be >= 2 (TRL's GRPO needs two generations per prompt)")
 
@@ -600,7 +604,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "template": "qwen2_5 (TRL's copy); the model's own is refused, see trl_on_own_template",
         "task": {"name": args.task, **TASKS[args.task]},
         "episodes_per_update": episodes, "prompts": args.prompts, "group_size": args.group_size,
-        "max_new_tokens": args.max_new_tokens, "timed_updates": args.updates, "kl_coef": args.kl_coef,
+        "max_new_tokens": args.max_new_tokens, "timed_updates": args.updates, "kl_coef": args.kl_coef, "lr": args.lr,
         "quick": args.quick,
         "warm_start": {"demos": args.demos, "epochs": args.sft_epochs, "lr": args.sft_lr, "noise": args.sft_noise,
                        **sft_stats},
