@@ -48,6 +48,8 @@ class RolloutStats:
     segments: int = 0  # segments in all (an unsegmented episode counts one)
     prefill_tokens: int = 0  # prompt tokens the engine ran (an engine that does not count them: 0)
     prefill_tokens_saved: int = 0  # ... and those it skipped because rows shared a prompt (share_prefill)
+    positions_attended: int = 0  # cache positions the engine's forwards attended over (rows x width), and
+    positions_padding: int = 0  # ... of them, holes and padding (an engine that does not count them: 0)
 
     @property
     def tokens_per_second(self) -> float:
@@ -177,6 +179,8 @@ class _Driver:
         self.stats.seconds = time.perf_counter() - t0
         self.stats.prefill_tokens = int(getattr(self.session, "prefill_tokens", 0))
         self.stats.prefill_tokens_saved = int(getattr(self.session, "prefill_saved", 0))
+        self.stats.positions_attended = int(getattr(self.session, "positions_attended", 0))
+        self.stats.positions_padding = int(getattr(self.session, "positions_padding", 0))
         episodes = [e for e in self.episodes if e is not None]
         self.stats.episodes = len(episodes)
         self.stats.turns = sum(e.num_turns for e in episodes)

@@ -559,6 +559,7 @@ class Trainer:
         lo, hi = self.ranks.block(cfg.rollout.groups)
         self.owner = {}
         prefill = [0, 0]  # prompt tokens the engine ran, and skipped by sharing them (this rank's, every attempt)
+        attended = [0, 0]  # cache positions the engine's forwards attended over, and of them padding
         for attempt in range(1 + extra):
             # every rank draws the whole update's task seeds and rolls out its own block of the groups
             task_seeds = self.task_rng.integers(0, cfg.eval.seed_offset, size=cfg.rollout.groups).tolist()
@@ -581,6 +582,8 @@ class Trainer:
             self._report_layout(rstats)
             prefill[0] += rstats.prefill_tokens
             prefill[1] += rstats.prefill_tokens_saved
+            attended[0] += rstats.positions_attended
+            attended[1] += rstats.positions_padding
             if not resample:
                 kept = episodes
                 break
@@ -590,6 +593,8 @@ class Trainer:
         metrics = rollout_metrics(all_eps, time.perf_counter() - t0)
         if any(prefill):
             metrics["rollout/prefill_tokens"], metrics["rollout/prefill_tokens_saved"] = map(float, prefill)
+        if attended[0]:  # the share of attention spent on cache holes and padding (torch engine)
+            metrics["rollout/cache_padding_frac"] = attended[1] / attended[0]
         if resample:
             metrics["rollout/resample_batches"] = float(attempt)
             kept = kept[: cfg.rollout.groups * G] or all_eps  # no signal at all: train on nothing useful, but log it

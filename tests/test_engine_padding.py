@@ -184,3 +184,17 @@ def test_padding_counters_by_hand(context_model):
     session.generate()
     assert session.forwards == 2
     assert (session.positions_attended, session.positions_padding) == (2 * 5 + 2 * 6, 2 + 2)
+
+
+def test_rollout_stats_carry_the_sessions_padding_counts(vault_policy):
+    """What the rollout reports (and the trainer logs as rollout/cache_padding_frac) is the session's own count."""
+    chat = vault_policy.chat
+    engine = TorchEngine(vault_policy.model, SamplingConfig(max_new_tokens=8), [], chat.eos_id, chat.pad_id, seed=7)
+    sessions = []
+    opened = engine.open
+    engine.open = lambda prompts: sessions.append(opened(prompts)) or sessions[-1]
+    envs = [make("agentrl/Vault-v0", locks=2 + i % 2, slack=0) for i in range(4)]
+    _, stats = rollout(envs, list(range(4)), engine, chat, workers="serial")
+    assert stats.positions_attended == sessions[0].positions_attended > 0
+    assert stats.positions_padding == sessions[0].positions_padding
+    assert 0 <= stats.positions_padding < stats.positions_attended
