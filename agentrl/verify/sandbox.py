@@ -55,27 +55,27 @@ warns in the log, and says in ``isolation`` exactly what was not isolated and wh
 `default_sandbox`, which the code environments and verifiers use, refuses instead and says what
 to do, unless ``AGENTRL_UNSAFE_UNISOLATED_SANDBOX=1`` accepts the risk out loud.
 
-**The fork server.** Starting interpreters was most of a run's CPU (a `run_tests` took ~90 ms of
-CPU with fresh ones, ~40 ms forked, on the 2-core development machine), so where runs are isolated each interpreter gets one warm *fork server*
-(``_harness.serve_main``, started lazily, one per interpreter and run environment): a launcher that
-has paid the start-up and the imports once and then forks, per process of a run, a child that
-runs the very same `launch` a fresh launcher runs (cgroup, namespaces, pid 1, file view, rlimits,
-uid or capabilities, ``no_new_privs``), so the isolation is applied after the fork, per run, as
-before. The server itself is an ordinary process of ours outside any namespace; sharing one
-namespace between runs was not worth a weaker argument. Why a child inherits nothing that matters:
-the server is started with exactly the environment every run gets (``PYTHONHASHSEED=0`` included,
-which only start-up reads) and stdio pipes like a run's; it is single-threaded and never changes a
-signal disposition; the child's first acts are to close every descriptor but the run's own (the
-control socket and other runs' sockets included), become a session leader and tie its life to the
-server's (``PR_SET_PDEATHSIG``); and nothing secret ever enters the server: programs and tests go
-from us straight into the run's pipes, so the memory a child inherits holds the harness and
-earlier runs' cfgs (uids, paths, limits). ``random`` is not imported there, so each run seeds its
-own. A candidate cannot reach the server: it is outside the run's PID namespace (and under root,
-another uid), and its control socket is an unnamed socketpair only we hold. The server reports
-each launcher's exit and reaps it only when we are done with the run, so our signals by pid and
-process group stay safe; a run whose server died is redone with fresh launchers (the next run
-starts a new server), and where a server cannot start, or its launchers cannot set up, runs start
-fresh interpreters as before, with a log line: never weaker isolation. ``fork_server=False``
+**The fork server.** Starting interpreters was most of a run's CPU (a `run_tests` took ~90 ms of CPU
+with fresh ones, ~40 ms forked, on the 2-core development machine), so where runs are isolated each
+interpreter gets one warm *fork server* (``_harness.serve_main``, started lazily, one per
+interpreter and run environment): a launcher that has paid the start-up and the imports once and
+then forks, per process of a run, a child that runs the very same `launch` a fresh launcher runs
+(cgroup, namespaces, pid 1, file view, rlimits, uid or capabilities, ``no_new_privs``), so the
+isolation is applied after the fork, per run, as before. The server itself is an ordinary process of
+ours outside any namespace; sharing one namespace between runs was not worth a weaker argument. Why
+a child inherits nothing that matters: the server is started with exactly the environment every run
+gets (``PYTHONHASHSEED=0`` included, which only start-up reads) and stdio pipes like a run's; it is
+single-threaded and never changes a signal disposition; the child's first acts are to close every
+descriptor but the run's own (the control socket and other runs' sockets included), become a session
+leader and tie its life to the server's (``PR_SET_PDEATHSIG``); and nothing secret ever enters the
+server: programs and tests go from us straight into the run's pipes, so the memory a child inherits
+holds the harness and earlier runs' cfgs (uids, paths, limits). ``random`` is not imported there, so
+each run seeds its own. A candidate cannot reach the server: it is outside the run's PID namespace
+(and under root, another uid), and its control socket is an unnamed socketpair only we hold. The
+server reports each launcher's exit and reaps it only when we are done with the run, so our signals
+by pid and process group stay safe; a run whose server died is redone with fresh launchers (the next
+run starts a new server), and where a server cannot start, or its launchers cannot set up, runs
+start fresh interpreters as before, with a log line: never weaker isolation. ``fork_server=False``
 turns it off. Without isolation there is no server (a candidate of our uid could signal it).
 
 Tests (`run_tests`) run in a second process, the *judge*, under another uid and in the same kind
