@@ -252,10 +252,13 @@ tests = [S.TestCase("t0", "assert add(2, 3) == 5"), S.TestCase("t1", "assert add
 add = "def add(a, b):\n    return a + b\n"
 def strip(r):
     return {k: v for k, v in vars(r).items() if k != "wall_seconds"}
+def verdict(r):  # a flood cut at the cap while the judge reads: how far it got depends on timing, the verdict not
+    return (r.passed, r.n_passed)
 for name, prog in json.loads(sys.stdin.read()).items():
+    judged = verdict if name == "output past the cap" else strip
     out["same"][name] = [strip(sb.run_program(prog)) == strip(fresh.run_program(prog)),
-                         strip(sb.run_tests(prog + "\n" + add, tests, "add")) ==
-                         strip(fresh.run_tests(prog + "\n" + add, tests, "add"))]
+                         judged(sb.run_tests(prog + "\n" + add, tests, "add")) ==
+                         judged(fresh.run_tests(prog + "\n" + add, tests, "add"))]
 for name, pid in (("server", server.pid), ("driver", os.getpid())):
     probe = f"import os\ntry:\n    os.kill({pid}, 0)\n    print('reached')\nexcept OSError:\n    print('no')"
     out["reached"][name] = sb.run_program(probe).stdout.strip()
