@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_engine_prefix import greedy_reencoded  # the oracle: generate by re-encoding the whole history
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from agentrl.engines import SamplingConfig, TorchEngine, torch_engine
@@ -25,16 +26,6 @@ def context_model():
     cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, initializer_range=0.1, max_position_embeddings=512)
     return LlamaForCausalLM(cfg).eval()
-
-
-@torch.no_grad()
-def greedy_reencoded(model, history: list[int], max_new: int) -> list[int]:
-    ids, out = list(history), []
-    for _ in range(max_new):
-        tok = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
-        out.append(tok)
-        ids.append(tok)
-    return out
 
 
 def plain(engine: TorchEngine) -> TorchEngine:
