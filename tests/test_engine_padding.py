@@ -123,9 +123,11 @@ def vault_rollout(policy, engine: TorchEngine):
     return episodes, sessions[0]
 
 
-def test_mask_and_grouped_heads_change_no_bit(context_model):
+def test_mask_and_grouped_heads_change_no_sample(context_model):
     """The engine's own additive mask and SDPA over the grouped heads in place: the same kernels on the same
-    numbers as transformers' boolean mask and copied heads, so samples and log-probs are equal bit for bit."""
+    numbers as transformers' boolean mask and copied heads for a chunk, and for a decode step SDPA's one-query
+    kernel on the grouped heads, which may round the last bit differently: the samples are equal and the log-probs
+    equal to 1e-6."""
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(2, 64, (5 + 4 * r,), generator=g).tolist() for r in range(3)]
     obs = [[torch.randint(2, 64, (1 + 7 * ((r + k) % 3),), generator=g).tolist() for r in range(3)] for k in range(3)]
@@ -141,7 +143,9 @@ def test_mask_and_grouped_heads_change_no_bit(context_model):
             gens += [(g.ids, g.logprobs) for g in session.generate()]
             session.extend(obs[k])
         runs.append(gens)
-    assert runs[0] == runs[1]
+    assert [ids for ids, _ in runs[0]] == [ids for ids, _ in runs[1]]
+    for (_, a), (_, b) in zip(runs[0], runs[1]):
+        assert a == pytest.approx(b, abs=1e-6)
 
 
 def test_vault_rollout_with_uneven_observations_matches_the_plain_engine(vault_policy):

@@ -48,15 +48,53 @@ def _ep(reward, group, acts=(2, 2)):
 def test_observation_tokens_never_contribute_to_sft_or_preference_losses():
     batch = make_batch([_ep(1.0, 0)], pad_id=0)
     obs = (batch.action_mask == 0) & (batch.attention_mask == 1)
-    logits = torch.randn(1, batch.input_ids.shape[1], 12, requires_grad=True)
-    sft_loss(logits, batch.input_ids, batch.action_mask).backward()
-    # the logits at position t predict token t+1: rows predicting observation/prompt tokens get no gradient
-    predicts_obs = torch.zeros_like(obs)
-    predicts_obs[:, :-1] = obs[:, 1:]
-    assert logits.grad[predicts_obs].abs().sum() == 0 and logits.grad[~predicts_obs].abs().sum() > 0
+    logp = torch.randn(1, batch.input_ids.shape[1], requires_grad=True)
+    sft_loss(logp, batch.action_mask).backward()
+    assert logp.grad[obs].abs().sum() == 0 and logp.grad[batch.action_mask == 1].abs().sum() > 0
     logp = torch.randn(1, batch.input_ids.shape[1], requires_grad=True)
     sequence_logp(logp, batch.action_mask).sum().backward()
     assert logp.grad[obs].abs().sum() == 0 and logp.grad[batch.action_mask == 1].abs().sum() > 0
+
+
+def test_sft_loss_is_the_cross_entropy_of_the_action_tokens_with_the_prompt_run_once():
+    """SFT's step scores only the action tokens and runs a prompt the demos share once (`token_stats` with
+    `share_heads`): its loss and gradient are the plain full-vocabulary cross-entropy's, computed here token by
+    token from the model's full logits."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from agentrl.policy import MIN_SHARED_HEAD, SharedHeads, token_stats
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2)).float()
+    prompt = list(range(2, 22))  # 20 tokens, the same in every demo
+    eps = []
+    for k, acts in enumerate([(3, 2), (1, 4), (2, 2)]):
+        e = Episode(list(prompt), reward=1.0, group_id=0)
+        ctx = len(prompt)
+        for n in acts:
+            e.turns.append(Turn(ctx, [22 + k + i for i in range(n)], [0.0] * n, [30, 31, 32]))
+            ctx += n + 3
+        eps.append(e)
+    b = make_batch(eps, pad_id=0)
+    assert SharedHeads.find(b.input_ids, b.attention_mask, b.action_mask, MIN_SHARED_HEAD) is not None
+    ts = token_stats(model, b.input_ids, b.attention_mask, only=b.action_mask, share_heads=MIN_SHARED_HEAD)
+    assert ts.shared == 2 * (len(prompt) - 1)  # two demos' heads not run again (a head: the prompt less its last token)
+    loss = sft_loss(ts.logp, b.action_mask)
+    grad = torch.autograd.grad(loss, model.model.layers[0].mlp.up_proj.weight)[0]
+
+    terms = []
+    for e in eps:  # each demo alone, unpadded: every action token's cross-entropy from full logits
+        ids = torch.tensor([e.token_ids()])
+        logits = model(input_ids=ids).logits[0]
+        for t, is_action in enumerate(e.action_mask()):
+            if is_action:
+                terms.append(torch.nn.functional.cross_entropy(logits[t - 1 : t], ids[0, t : t + 1]))
+    want = torch.stack(terms).mean()
+    assert len(terms) == sum(sum(acts) for acts in [(3, 2), (1, 4), (2, 2)])
+    assert loss.item() == pytest.approx(want.item(), rel=1e-5)
+    want_grad = torch.autograd.grad(want, model.model.layers[0].mlp.up_proj.weight)[0]
+    torch.testing.assert_close(grad, want_grad, rtol=1e-4, atol=1e-6)
 
 
 def test_pairs_from_groups_pass_against_fail():

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 import agentrl.log as agentrl_log
 from agentrl.core import AgentEnv, Episode
@@ -29,13 +28,14 @@ from agentrl.health.warm_start import (  # noqa: F401 (re-exported: the advice l
     warm_start_advice,
 )
 from agentrl.policy import (
+    MIN_SHARED_HEAD,
     ChatFormat,
     Policy,
     TinyModelConfig,
     adamw,
     build_tiny_policy,
-    position_ids_from_mask,
     render_corpus_text,
+    token_stats,
 )
 from agentrl.rollout import rollout
 from agentrl.store import make_batch, segment_batch
@@ -90,12 +90,10 @@ def collect_demos(make_env: Callable[[], AgentEnv], chat: ChatFormat, seeds: Seq
     return demos
 
 
-def sft_loss(logits: torch.Tensor, input_ids: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
-    """Token-mean cross-entropy of the action tokens; prompt and observation tokens are not targets."""
-    logits = logits[:, :-1].float()  # (B, T-1, V): position t predicts token t+1
-    mask = action_mask[:, 1:]  # (B, T-1)
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), input_ids[:, 1:].reshape(-1), reduction="none")
-    return (ce * mask.reshape(-1)).sum() / mask.sum().clamp(min=1)
+def sft_loss(logp: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
+    """Token-mean negative log-likelihood of the action tokens (`logp[:, t]` scores token t, as `token_stats`
+    gives it); prompt and observation tokens are not targets."""
+    return -(logp * action_mask).sum() / action_mask.sum().clamp(min=1)
 
 
 def sft(
@@ -144,9 +142,11 @@ def sft(
         for i in range(0, len(order), batch_size):
             # one row per segment where a chat template rewrote the history (agentrl.store.segment_batch)
             b = segment_batch(make_batch([demos[j] for j in order[i : i + batch_size]], pad_id)).to(device)
-            out = model(input_ids=b.input_ids, attention_mask=b.attention_mask,
-                        position_ids=position_ids_from_mask(b.attention_mask), use_cache=False)
-            loss = sft_loss(out.logits, b.input_ids, b.action_mask)
+            # the output layer only where an action token is predicted, and demos that begin with the same prompt
+            # (an env's system prompt and tools) run it once: on SmolLM2, most of the step's logits and a third of
+            # its layers' tokens
+            ts = token_stats(model, b.input_ids, b.attention_mask, only=b.action_mask, share_heads=MIN_SHARED_HEAD)
+            loss = sft_loss(ts.logp, b.action_mask)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
