@@ -39,15 +39,26 @@ cache also holds padding holes: each turn's observations are left-padded to the 
 Last line: one JSON object with the figures; `ratio` is the engine's episodes/s divided by the
 baseline's at the longest horizon. Per horizon the engine's forwards, its milliseconds per forward, and its
 padding fraction: of the cache positions its forwards attended over (rows x cache width, summed over
-forwards), the share that were masked holes.
+forwards), the share that were masked holes. Also written to benchmarks/results/multi_turn[_quick].json.
+
+The bound (`bound`, at the longest horizon): one more engine round there with every SDPA call timed splits
+the engine's time into attention (`attention_share`; observation chunks and decode steps apart) and the rest;
+the engine counts the query-key pairs each kind computed and how many were real (a real query, a real key it may
+see: `attention_pairs`), and the bound is the ratio the engine would reach if the padded pairs cost nothing. What is
+left is attention over each row's real context (on CPU a decode step's attention reads the whole fp32 cache:
+memory bandwidth) and the per-forward cost of the layers.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import sys
 import time
+from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -58,6 +69,7 @@ from agentrl.registry import make
 from agentrl.rollout import rollout
 from agentrl.stages.sft import expert_texts
 
+RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = TinyModelConfig(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
                         num_key_value_heads=2, max_position_embeddings=4096)
 
@@ -79,7 +91,33 @@ def engine_episodes(policy: Policy, locks: int, seeds: list[int], new_tokens: in
     if counts is not None:
         for name in ("forwards", "positions_attended", "positions_padding"):
             counts[name] = sum(getattr(s, name) for s in sessions)
+        for kind in ("chunk", "decode"):
+            counts[f"{kind}_pairs"] = sum(s.attention_pairs[kind][0] for s in sessions)
+            counts[f"{kind}_pairs_real"] = sum(s.attention_pairs[kind][1] for s in sessions)
     return [len(e.token_ids()) + len(e.turns[-1].obs_ids) for e in episodes]
+
+
+@contextmanager
+def attention_timed(seconds: dict[str, float], heads: int):
+    """Time every `scaled_dot_product_attention` call (transformers' SDPA and the engine's grouped-heads path both
+    call it through `torch.nn.functional`), summed into `seconds` under "chunk" (more than one query) and
+    "decode" (one query; the engine folds a decode step's grouped query heads into the query axis, so a call
+    with fewer than the model's `heads` query heads is one too)."""
+    F = torch.nn.functional
+    own = F.scaled_dot_product_attention
+
+    def timed(query, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = own(query, *args, **kwargs)
+        kind = "chunk" if query.shape[-2] > 1 and query.shape[1] == heads else "decode"
+        seconds[kind] = seconds.get(kind, 0.0) + time.perf_counter() - t0
+        return out
+
+    F.scaled_dot_product_attention = timed
+    try:
+        yield seconds
+    finally:
+        F.scaled_dot_product_attention = own
 
 
 @torch.inference_mode()
@@ -130,6 +168,7 @@ def main() -> None:
     if args.quick:
         args.locks, args.episodes, args.repeats = [2, 8], 16, 1
     sides = ("engine",) if args.engine_only else ("engine", "baseline")
+    load_before = round(os.getloadavg()[0], 2)
 
     build_tiny_policy(expert_texts(make("agentrl/Vault-v0", locks=4, slack=0), range(200), noise=0.3), args.out, MODEL,
                       seed=0)
@@ -183,6 +222,26 @@ def main() -> None:
         rows.append(row)
         print(line, flush=True)
 
+    last = rows[-1]
+    attention: dict[str, float] = {}
+    pairs: dict[str, int] = {}
+    t0 = time.perf_counter()
+    with attention_timed(attention, policy.model.config.num_attention_heads):
+        engine_episodes(policy, last["locks"], seeds, args.new_tokens, pairs)
+    profiled = time.perf_counter() - t0
+    share = sum(attention.values()) / profiled
+    # each kind's attention time times its share of padded query-key pairs: what padding cost, free in the bound
+    padded = {k: 1 - pairs[f"{k}_pairs_real"] / max(pairs[f"{k}_pairs"], 1) for k in ("chunk", "decode")}
+    freed = sum(attention.get(k, 0.0) * padded[k] for k in padded) / profiled
+    last.update({"attention_share": round(share, 3),
+                 "attention_s": {k: round(v, 3) for k, v in sorted(attention.items())},
+                 "attention_padded_pairs": {k: round(v, 3) for k, v in padded.items()},
+                 "attention_profiled_round_s": round(profiled, 3)})
+    print(f"{last['turns']:3d} turns: attention {share:.0%} of the engine's time (chunks "
+          f"{attention.get('chunk', 0.0):.2f} s with {padded['chunk']:.0%} of their query-key pairs padding, decode "
+          f"{attention.get('decode', 0.0):.2f} s with {padded['decode']:.0%}, of {profiled:.2f} s); with the padding "
+          f"free the engine would be {1 / (1 - freed):.2f}x faster", flush=True)
+
     turns = np.log([r["turns"] for r in rows])
     exponent = {side: float(np.polyfit(turns, np.log([r[f"{side}_s_per_episode"] for r in rows]), 1)[0])
                 if len(rows) > 1 and side in sides else None
@@ -201,10 +260,22 @@ def main() -> None:
         "baseline_time_exponent": None if exponent["baseline"] is None else round(exponent["baseline"], 3),
         "engine_padding_fraction": rows[-1]["engine_padding_fraction"],
         "ratio": rows[-1].get("ratio"),
+        "command": "python benchmarks/multi_turn.py " + " ".join(sys.argv[1:]),
+        "loadavg_1min_before": load_before,
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
     }
+    if result["ratio"] is not None:
+        result["bound"] = round(result["ratio"] / (1 - freed), 2)
+        result["bound_how"] = ("the ratio if the padding in the engine's attention cost nothing: one more engine "
+                               "round at the longest horizon with every SDPA call timed, chunks and decode steps "
+                               "apart, each kind's time times its share of padded query-key pairs taken off the "
+                               "engine's time; the rest is attention over real context and the layers' per-forward "
+                               "cost")
     if exponent["engine"] is not None:
         print(f"time per episode ~ turns^k: engine k = {exponent['engine']:.2f}"
               + ("" if exponent["baseline"] is None else f", baseline k = {exponent['baseline']:.2f}"))
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"multi_turn{'_quick' if args.quick else ''}.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))
 
 

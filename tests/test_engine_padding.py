@@ -125,9 +125,9 @@ def vault_rollout(policy, engine: TorchEngine):
 
 def test_mask_and_grouped_heads_change_no_sample(context_model):
     """The engine's own additive mask and SDPA over the grouped heads in place: the same kernels on the same
-    numbers as transformers' boolean mask and copied heads for a chunk, and for a decode step SDPA's one-query
-    kernel on the grouped heads, which may round the last bit differently: the samples are equal and the log-probs
-    equal to 1e-6."""
+    numbers as transformers' boolean mask and copied heads for a chunk; a decode step folds each group's query
+    heads into the query axis (each key head read once), which may round the last bit differently: the samples are
+    equal and the log-probs equal to 1e-6."""
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(2, 64, (5 + 4 * r,), generator=g).tolist() for r in range(3)]
     obs = [[torch.randint(2, 64, (1 + 7 * ((r + k) % 3),), generator=g).tolist() for r in range(3)] for k in range(3)]
@@ -179,6 +179,9 @@ def test_padding_counters_by_hand(context_model):
     session.generate()
     assert session.forwards == 2
     assert (session.positions_attended, session.positions_padding) == (2 * 5 + 2 * 6, 2 + 2)
+    # query-key pairs: the prefill computes 2 x 5 queries x 5 keys, of which real: the short row's 3 queries see
+    # 1, 2, 3 real keys, the long row's 5 see 1..5; the decode step 2 x 1 x 6, real 3 + 1 and 5 + 1
+    assert session.attention_pairs == {"chunk": [50, 6 + 15], "decode": [12, 4 + 6]}
 
 
 def test_rollout_stats_carry_the_sessions_padding_counts(vault_policy):

@@ -168,10 +168,23 @@ def _plain_sdpa(config: Any) -> bool:
 def _gqa_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
               **kwargs) -> tuple[torch.Tensor, None]:
-    """transformers' SDPA attention for a chunk under the engine's additive mask, with the grouped key and value
-    heads read in place instead of copied (query (b, H, C, D), key and value (b, H_kv, L, D))."""
+    """transformers' SDPA attention under the engine's additive mask (or none), with the grouped key and value
+    heads read in place instead of copied (query (b, H, C, D), key and value (b, H_kv, L, D)).
+
+    A decode step (one query per row) folds each group's query heads into the query axis instead: they share
+    one key head and, at one position, one mask row, so SDPA reads each key and value head once for the whole
+    group (enable_gqa reads it once per query head: a decode step's attention is the cache read from memory, and
+    folding cut it from 1.42 to 0.88 ms per layer for the tiny policy's 32 x 1100 cache, 1.79 to 1.30 ms for
+    SmolLM2's 8 x 1500). Query head h reads key head h // group, as transformers' repeat_kv lays them out."""
+    b, heads, chunk, dim = query.shape
+    kv_heads = key.shape[1]
+    if chunk == 1 and heads != kv_heads and (attention_mask is None or attention_mask.shape[1:3] == (1, 1)):
+        group = heads // kv_heads
+        folded = query.reshape(b, kv_heads, group, dim)  # (b, H_kv, group, D): the group's heads as its queries
+        out = F.scaled_dot_product_attention(folded, key, value, attn_mask=attention_mask, scale=scaling)
+        return out.view(b, 1, heads, dim), None  # (b, C = 1, H, D), as transformers' own
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,
-                                         enable_gqa=key.shape[1] != query.shape[1])  # (b, H, C, D)
+                                         enable_gqa=kv_heads != heads)  # (b, H, C, D)
     return out.transpose(1, 2).contiguous(), None  # (b, C, H, D), as transformers' own
 
 
@@ -409,6 +422,10 @@ class TorchSession:
         # cache positions the forwards attended over (rows x width, summed over forwards), and of them masked holes
         self.positions_attended = 0
         self.positions_padding = 0
+        # query-key pairs the attention computed (rows x chunk x cache width) and of them the real ones (a real query
+        # and a real key it may see), for chunks (more than one query) and decode steps apart: the share of the
+        # attention's time that padding costs, which bounds what removing it can gain (benchmarks/multi_turn.py)
+        self.attention_pairs: dict[str, list[int]] = {"chunk": [0, 0], "decode": [0, 0]}
         self.groups_run = 0  # turns' forwards run on a window of the cache (a run of slots), for tests and benchmarks
         self.compactions = 0
         self.heads_fed = 0  # long chunks whose leading tokens ran in a forward of their own (_feed_heads)
@@ -460,6 +477,8 @@ class TorchSession:
         elif g.holes or (chunk > 1 and past):
             mask = _additive_mask(g.mask, chunk, eng.mask_dtype)
             attention = eng.gqa_attention  # a decode step too: repeat_kv at one query is most of SDPA's cost
+        elif chunk == 1:
+            attention = eng.gqa_attention  # no mask: the group's heads still fold into one read of the cache
         with _attention(eng.model, attention):
             out = eng.model(
                 input_ids=ids, attention_mask=mask, position_ids=pos_ids, use_cache=True,
@@ -470,6 +489,10 @@ class TorchSession:
         self.forwards += 1
         self.positions_attended += ids.shape[0] * width
         self.positions_padding += ids.shape[0] * width - int(g.mask.sum())
+        before = g.mask[:, : width - chunk].sum(1, keepdim=True)  # (b, 1) real positions before the chunk
+        pairs = self.attention_pairs["chunk" if chunk > 1 else "decode"]
+        pairs[0] += ids.shape[0] * chunk * width
+        pairs[1] += int((chunk_mask * (before + chunk_mask.cumsum(1))).sum())
         if hidden:  # the state at the last context token, which a turn critic reads
             self.turn_hidden = out.hidden_states[-1][:, -1].float()  # (b, H)
         return out.logits[:, -1]  # (b, V)
