@@ -119,6 +119,27 @@ class Ranks:
         """Every rank's list, concatenated in rank order, on every rank."""
         return [x for part in self.gather(items) for x in part]
 
+    def mean_grads(self, params: list[Any]) -> None:
+        """Average the gradients of `params` over the ranks, in place, as DDP's backward does (a sum over the
+        ranks divided by their number), in one all-reduce of the flattened gradients. A parameter with no
+        gradient on this rank counts as zeros, so that every rank flattens the same tensors."""
+        if self.world == 1:
+            return
+        import torch
+        import torch.distributed as dist
+
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        flat /= self.world
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
     def barrier(self) -> None:
         if self.world > 1:
             self._state.wait_for_everyone()

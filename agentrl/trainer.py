@@ -609,8 +609,15 @@ class Trainer:
         Several processes: `owner` (B,) names the rank of each row. Every rank holds the whole batch and
         draws the same minibatches, runs forward and backward on its own rows of each (weighted by their
         share of the whole minibatch), and DDP averages the ranks' gradients on the last micro-batch; so
-        the step is the one-process step (the loss is scaled by the number of ranks to undo DDP's mean)."""
+        the step is the one-process step (the loss is scaled by the number of ranks to undo DDP's mean).
+
+        Under DDP with `optim.share_prefix` the forwards run on the unwrapped module instead, so that a group's
+        prompt runs through the layers once on each rank as in one process (DDP's own forward must see the whole
+        rows), every micro-batch outside DDP's sync, and the ranks' gradients are averaged after the last one
+        in a single all-reduce (`Ranks.mean_grads`): the same mean, and no rank pads with zero-loss passes."""
         cfg, ranks = self.cfg, self.ranks
+        by_hand = self._grads_by_hand()
+        learner = self.accelerator.unwrap_model(self.model) if by_hand else self.model
         loss_cfg = self.loss_config()  # the knobs' coefficients
         if _nothing_to_train(credit):
             return {"train/skipped": 1.0, "train/trained_episodes": 0.0}
@@ -640,17 +647,17 @@ class Trainer:
                 # each, ZeRO-2 reduces in each): a rank short of rows pads with zero-loss passes
                 parts: list[torch.Tensor | None] = \
                     own.micro_batches(cfg.optim.micro_batch_tokens, self._share_heads > 0) if own.size else []
-                parts += [None] * (max(ranks.gather(len(parts))) - len(parts) if ranks.world > 1 else 0)
+                parts += [None] * (max(ranks.gather(len(parts))) - len(parts) if ranks.world > 1 and not by_hand else 0)
                 parts = parts or [None]
                 finite = True
                 for j, idx in enumerate(parts):
                     last = j == len(parts) - 1  # DDP all-reduces the gradients on this backward only
                     m = (own.select(idx) if idx is not None else mb.select([0])).trim().to(device)
                     self._step_on_backward(last)
-                    sync = contextlib.nullcontext() if last else self.accelerator.no_sync(self.model)
+                    sync = contextlib.nullcontext() if last and not by_hand else self.accelerator.no_sync(self.model)
                     with sync:
                         with self.accelerator.autocast():  # bf16 on CUDA
-                            ts = token_stats(self.model, m.input_ids, m.attention_mask,
+                            ts = token_stats(learner, m.input_ids, m.attention_mask,
                                              self.knobs.temperature or 1.0, entropy=True, only=m.action_mask,
                                              share_heads=self._share_heads)
                         if probe is not None and steps == 0 and idx is not None:
@@ -673,6 +680,8 @@ class Trainer:
                     tokens += int(m.attention_mask.sum())
                     padded += m.input_ids.numel()
                     shared += ts.shared
+                if by_hand:
+                    ranks.mean_grads(self.trainable)
                 finite = not ranks.sum({"nonfinite": float(not finite)})["nonfinite"]  # one rank's NaN skips all
                 gn = self.accelerator.clip_grad_norm_(self.trainable, cfg.optim.max_grad_norm) if finite \
                     else float("nan")
@@ -784,6 +793,12 @@ class Trainer:
             out.update({"train/staleness_weight_mean": float(stale.mean()), "train/staleness_weight_max":
                         float(stale.max()), "train/staleness_kl_k3": drift["kl_k3"]})
         return out
+
+    def _grads_by_hand(self) -> bool:
+        """Train on the unwrapped module and average the gradients ourselves (`optimize`): DDP (not a wrapper that
+        shards the weights, whose forward must gather them) with prompt sharing on."""
+        return (self.ranks.world > 1 and self._share_heads > 0
+                and isinstance(self.model, torch.nn.parallel.DistributedDataParallel))
 
     @property
     def _share_heads(self) -> int:

@@ -22,6 +22,10 @@ CREDIT = {"grpo": {}, "arpo": {"ev_gate": -1e9}, "steppo": {}, "turn-ppo": {"war
 CASES = {f"{algo}.{agg}": (algo, agg, credit) for algo, credit in CREDIT.items() for agg in AGGREGATIONS}
 # DAPO's dynamic sampling decides from the whole batch whether to roll out more: every rank must agree
 CASES["grpo.resample"] = ("grpo", "token-mean", {"dynamic_sampling": "resample", "max_resample_batches": 2})
+# micro-batches wide enough to hold a group: its rows run their common prompt once (optim.share_prefix), and
+# under DDP the trainer then averages the gradients itself
+CASES["grpo.shared-prompt"] = ("grpo", "token-mean", {})
+MICRO_BATCH_TOKENS = {"grpo.shared-prompt": 4096}
 
 
 def case_config(case: str, policy_dir: Path, root: Path, updates: int = 1) -> TrainConfig:
@@ -36,7 +40,7 @@ def case_config(case: str, policy_dir: Path, root: Path, updates: int = 1) -> Tr
         # serial env calls: which rows share a forward then never follows the tools' timing
         rollout={"groups": 2, "group_size": 4, "sampling": {"max_new_tokens": 8}, "env_workers": "serial"},
         # two minibatches: each rank holds rows of both, and the ranks must draw the same ones
-        optim={"lr": 1e-3, "minibatches": 2, "micro_batch_tokens": 64},
+        optim={"lr": 1e-3, "minibatches": 2, "micro_batch_tokens": MICRO_BATCH_TOKENS.get(case, 64)},
         loss={"agg": agg, "kl_coef": 0.01, "entropy_coef": 0.01},
         eval={"episodes": 3},
         checkpoint={"every": 1},

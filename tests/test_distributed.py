@@ -51,7 +51,10 @@ def runs(tmp_path_factory, vault_policy_dir):
     root = tmp_path_factory.mktemp("dp")
     run(vault_policy_dir, root / "one", list(CASES))
     cmd = launch_command(2, [])
-    script = cmd.index("-m")  # the launcher's options, then the script instead of `-m agentrl`
+    # the launcher and its options, then the script in place of the trailing `-m agentrl` (the command starts
+    # with `python -m accelerate.commands.launch`: the first -m is the launcher's own)
+    script = len(cmd) - 1 - cmd[::-1].index("-m")
+    assert cmd[script:] == ["-m", "agentrl"], cmd
     _launch([*cmd[:script], str(TESTS / "distributed_run.py"), str(vault_policy_dir), str(root / "two"), *CASES])
     return root
 
@@ -67,6 +70,7 @@ def _episodes(folder: Path) -> list[tuple]:
 @pytest.mark.parametrize("case", list(CASES))
 def test_one_update_on_two_processes_gives_the_one_process_parameters(runs, case, vault_policy_dir):
     one, two = runs / "one" / case, runs / "two" / case
+    assert {p.name.split(".")[1] for p in (two / "store").iterdir()} == {"rank0", "rank1"}  # two ranks ran it
     assert _episodes(two) == _episodes(one)  # the ranks' shards together: the one-process episodes, in order
     start, w1, w2 = load_file(vault_policy_dir / "model.safetensors"), _weights(one), _weights(two)
     moved = max(float((w1[k] - start[k]).abs().max()) for k in w1)
@@ -90,6 +94,12 @@ def test_one_update_on_two_processes_gives_the_one_process_parameters(runs, case
               "train/kl", "train/ratio_mean", "train/entropy", "train/grad_norm"):
         if k in m1[1]:
             assert m2[1][k] == pytest.approx(m1[1][k], abs=1e-5), f"{case}: {k} is reduced differently"
+    # a group's prompt ran through the layers once in the training forwards of both (DDP then trains the unwrapped
+    # module and averages the gradients itself), and the parameters above are still one process's. Not the same
+    # count: one process also shares the prefix two groups' prompts have in common, when a micro-batch holds both
+    if case == "grpo.shared-prompt":
+        assert m1[1].get("train/prompt_tokens_shared", 0) > 0, "one process shared no prompt: nothing compared"
+        assert m2[1].get("train/prompt_tokens_shared", 0) > 0, "two processes ran every row's prompt in training"
 
 
 def _flatten(obj, prefix: str = "") -> dict:
