@@ -629,16 +629,18 @@ class Trainer:
         mine = mine if batch.seg_row is None else mine[batch.seg_row]
         stats: dict[str, float] = {}  # this rank's part of each step's statistics: summed over ranks below
         steps, t0, tokens, padded, shared, grad_norms, nonfinite = 0, time.perf_counter(), 0, 0, 0, 0.0, 0.0
-        # not scored before (on-policy, no correction, one process): the first minibatch's forwards, before any
-        # step, are the trainer's log-probs under the weights that sampled; the gap is measured on them for free
-        probe = torch.zeros(0) if batch.sampler_logp is None and ranks.world == 1 else None
+        # not scored before (on-policy, no correction): the first minibatch's forwards, before any step, are the
+        # trainer's log-probs under the weights that sampled; the gap is measured on them for free (several
+        # processes: each rank fills its own rows, and the ranks' rows are put together after that minibatch)
+        probe = torch.zeros(0) if batch.sampler_logp is None else None
         measured: dict[str, float] = {}
         self.model.train()
         for _ in range(cfg.optim.ppo_epochs):
             perm = ranks.broadcast(torch.randperm(batch.size))  # the same minibatches on every rank
             for chunk in torch.chunk(perm, min(cfg.optim.minibatches, batch.size)):
                 mb = batch.select(chunk)
-                own = mb.select(mine[chunk].nonzero(as_tuple=True)[0])
+                own_rows = mine[chunk].nonzero(as_tuple=True)[0]  # this rank's rows, as positions in mb
+                own = mb.select(own_rows)
                 _, _, mb_mask = loss_terms(mb.behaviour_logp, mb.sampler_logp, mb.prox_logp, mb.action_mask, loss_cfg)
                 if probe is not None and steps == 0:
                     probe = torch.zeros(mb.input_ids.shape)  # (b, T): the first minibatch's log-probs
@@ -661,7 +663,7 @@ class Trainer:
                                              self.knobs.temperature or 1.0, entropy=True, only=m.action_mask,
                                              share_heads=self._share_heads)
                         if probe is not None and steps == 0 and idx is not None:
-                            probe[idx, : ts.logp.shape[1]] = ts.logp.detach().float().cpu()
+                            probe[own_rows[idx], : ts.logp.shape[1]] = ts.logp.detach().float().cpu()
                         # the ratio's baseline and weight: mu; decoupled PPO's pi_prox and min(pi_prox / mu, C);
                         # a mismatch correction's pi_old and its weight (agentrl.mismatch.loss_terms)
                         against, weight, mask = loss_terms(m.behaviour_logp, m.sampler_logp, m.prox_logp,
@@ -694,6 +696,8 @@ class Trainer:
                     nonfinite += 1.0
                 self.optimizer.zero_grad(set_to_none=True)
                 if probe is not None and steps == 0:
+                    if ranks.world > 1:  # every row filled by its own rank alone, zeros elsewhere
+                        probe = torch.stack(ranks.gather(probe)).sum(0)
                     measured = mismatch_stats(probe - mb.behaviour_logp, mb.action_mask, loss_cfg.mismatch_cap)
                 steps += 1
         self.model.eval()
@@ -740,9 +744,9 @@ class Trainer:
     @property
     def _scores_sampler(self) -> bool:
         """Whether each batch is scored under the weights that sampled it (`sampler_logp`): a mismatch correction
-        needs it; rollouts ahead and several processes measure the gap on it (on one process, on-policy, the
-        first minibatch's own forwards measure it at no cost, `optimize`)."""
-        return self.cfg.loss.mismatch != "none" or self.cfg.rollout.max_staleness > 0 or self.ranks.world > 1
+        needs it, and rollouts ahead measure the gap on it; on-policy, the first minibatch's own forwards measure
+        it at no cost (`optimize`), on any number of processes."""
+        return self.cfg.loss.mismatch != "none" or self.cfg.rollout.max_staleness > 0
 
     def sampler_logp(self, batch: TurnBatch, update: int, owner: torch.Tensor | None = None) -> torch.Tensor:
         """(B, T) the trainer's log-probs of each episode under the weights that sampled it (its policy_version),

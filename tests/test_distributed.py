@@ -89,9 +89,10 @@ def test_one_update_on_two_processes_gives_the_one_process_parameters(runs, case
             assert flat1[k] == pytest.approx(flat2[k], abs=1e-5), f"{case}: assigner {k} differs"
     m1, m2 = [json.loads(x) for x in (one / "metrics.jsonl").read_text().splitlines()], \
         [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
-    # the gradient's scale too (Adam's step hides it, clipping and the logged norm do not): DDP's mean undone
+    # the gradient's scale too (Adam's step hides it, clipping and the logged norm do not): DDP's mean undone; and
+    # the engine gap measured on the same tokens (the first minibatch's forwards, the ranks' rows put together)
     for k in ("rollout/pass_rate", "credit/zero_adv_groups", "credit/adv_abs_mean", "train/loss", "train/pg_loss",
-              "train/kl", "train/ratio_mean", "train/entropy", "train/grad_norm"):
+              "train/kl", "train/ratio_mean", "train/entropy", "train/grad_norm", "mismatch/tokens"):
         if k in m1[1]:
             assert m2[1][k] == pytest.approx(m1[1][k], abs=1e-5), f"{case}: {k} is reduced differently"
     # a group's prompt ran through the layers once in the training forwards of both (DDP then trains the unwrapped
