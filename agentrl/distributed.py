@@ -121,24 +121,26 @@ class Ranks:
 
     def mean_grads(self, params: list[Any]) -> None:
         """Average the gradients of `params` over the ranks, in place, as DDP's backward does (a sum over the
-        ranks divided by their number), in one all-reduce of the flattened gradients. A parameter with no
-        gradient on this rank counts as zeros, so that every rank flattens the same tensors."""
+        ranks divided by their number): one all-reduce of the flattened gradients per dtype and device. A
+        parameter with no gradient on this rank counts as zeros, so that every rank flattens the same tensors."""
         if self.world == 1:
             return
         import torch
         import torch.distributed as dist
 
+        groups: dict[tuple[Any, Any], list[Any]] = {}
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)
-        flat /= self.world
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
+            groups.setdefault((p.grad.dtype, p.grad.device), []).append(p.grad)
+        for grads in groups.values():
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat)
+            flat /= self.world
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
 
     def barrier(self) -> None:
         if self.world > 1:
