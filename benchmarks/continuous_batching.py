@@ -28,6 +28,7 @@ rows of every age where each baseline batch holds rows of one age; the windows w
 that width (0.65x -> 0.87x on a loaded machine), not the turn-steps' worth. With 16 rows (--quick)
 the fixed part weighs more and refill comes out ahead.
 
+The three arms run in turn, `--repeats` rounds (3; medians reported, each round's seconds in `rounds_s`).
 Last line: one JSON object; `ratio` is refill episodes/s over baseline episodes/s (the issue asks
 >= 1.5x). Also written to benchmarks/results/continuous_batching.json, with `loadavg` (the 1, 5
 and 15 minute load averages when the run ended): figures taken on a loaded machine are not final.
@@ -36,6 +37,7 @@ and 15 minute load averages when the run ended): figures taken on a loaded machi
 from __future__ import annotations
 
 import os
+import statistics
 import time
 
 import numpy as np
@@ -75,15 +77,17 @@ class Clock:
 
 
 def main() -> None:
-    ap = parser(__doc__, quick="64 episodes through 16 rows")
+    ap = parser(__doc__, quick="64 episodes through 16 rows, one round")
     ap.add_argument("--episodes", type=int, default=256)
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=8)
     ap.add_argument("--out", default="/tmp/agentrl-bench-continuous")
+    ap.add_argument("--repeats", type=int, default=3, help="rounds of the three arms in turn; medians are reported")
     args = ap.parse_args()
     if args.quick:
-        args.episodes, args.rows = 64, 16
+        args.episodes, args.rows, args.repeats = 64, 16, 1
+    load_before = round(os.getloadavg()[0], 2)
 
     build_tiny_policy(expert_texts(make("agentrl/Vault-v0", locks=2), range(100), noise=0.3), args.out,
                       TinyModelConfig(max_position_embeddings=4096), seed=0)
@@ -102,37 +106,51 @@ def main() -> None:
                                   max_batch_rows=args.rows)
         return episodes, clock
 
-    refill, refill_t = refill_run(True)
-    envs, seeds, gids = episodes_for(locks, args.group_size)
-    engine = engine_for(policy, args.new_tokens)
-    baseline = []
-    with Clock() as baseline_t:
-        for i in range(0, len(envs), args.rows):
-            part, _ = rollout(envs[i : i + args.rows], seeds[i : i + args.rows], engine, chat,
-                              group_ids=gids[i : i + args.rows])
-            baseline += part
-    one_window, one_window_t = refill_run(False)
+    def baseline_run():
+        envs, seeds, gids = episodes_for(locks, args.group_size)
+        engine = engine_for(policy, args.new_tokens)
+        episodes = []
+        with Clock() as clock:
+            for i in range(0, len(envs), args.rows):
+                part, _ = rollout(envs[i : i + args.rows], seeds[i : i + args.rows], engine, chat,
+                                  group_ids=gids[i : i + args.rows])
+                episodes += part
+        return episodes, clock
+
+    clocks: dict[str, list[Clock]] = {"refill": [], "baseline": [], "one_window": []}
+    for _ in range(args.repeats):  # the arms in turn, so that each round's load falls on all three alike
+        refill, t = refill_run(True)
+        clocks["refill"].append(t)
+        baseline, t = baseline_run()
+        clocks["baseline"].append(t)
+        one_window, t = refill_run(False)
+        clocks["one_window"].append(t)
+    wall = {k: statistics.median(c.wall for c in v) for k, v in clocks.items()}
+    cpu = {k: statistics.median(c.cpu for c in v) for k, v in clocks.items()}
+    gids = episodes_for(locks, args.group_size)[2]
 
     assert [e.token_ids() for e in refill] == [e.token_ids() for e in baseline], "refill changed an episode"
     assert [e.token_ids() for e in one_window] == [e.token_ids() for e in refill], "windows changed an episode"
     assert [e.group_id for e in refill] == gids
     tokens = sum(len(e.token_ids()) for e in refill)
     n = len(refill)
-    ratio = baseline_t.wall / refill_t.wall
+    ratio = wall["baseline"] / wall["refill"]
     result = {"episodes": n, "rows": args.rows, "group_size": args.group_size,
               "locks": locks, "turns_total": sum(e.num_turns for e in refill), "tokens": tokens, "quick": args.quick,
-              "threads": torch.get_num_threads(), "loadavg": [round(x, 2) for x in os.getloadavg()],
-              "refill_s": round(refill_t.wall, 3), "baseline_s": round(baseline_t.wall, 3),
-              "refill_one_window_s": round(one_window_t.wall, 3),
-              "refill_cpu_s": round(refill_t.cpu, 3), "baseline_cpu_s": round(baseline_t.cpu, 3),
-              "refill_one_window_cpu_s": round(one_window_t.cpu, 3),
-              "refill_episodes_per_s": round(n / refill_t.wall, 2),
-              "baseline_episodes_per_s": round(n / baseline_t.wall, 2),
-              "cpu_ratio": round(baseline_t.cpu / refill_t.cpu, 3),
-              "one_window_ratio": round(baseline_t.wall / one_window_t.wall, 3), "ratio": round(ratio, 3)}
-    print(f"{n} episodes through {args.rows} rows: refill {refill_t.wall:.2f} s ({refill_t.cpu:.2f} CPU s), "
-          f"batches to completion {baseline_t.wall:.2f} s ({baseline_t.cpu:.2f} CPU s): {ratio:.2f}x; "
-          f"refill over one window {one_window_t.wall:.2f} s ({one_window_t.cpu:.2f} CPU s)")
+              "repeats": args.repeats, "threads": torch.get_num_threads(), "loadavg_1min_before": load_before,
+              "loadavg": [round(x, 2) for x in os.getloadavg()],
+              "refill_s": round(wall["refill"], 3), "baseline_s": round(wall["baseline"], 3),
+              "refill_one_window_s": round(wall["one_window"], 3),
+              "rounds_s": {k: [round(c.wall, 3) for c in v] for k, v in clocks.items()},
+              "refill_cpu_s": round(cpu["refill"], 3), "baseline_cpu_s": round(cpu["baseline"], 3),
+              "refill_one_window_cpu_s": round(cpu["one_window"], 3),
+              "refill_episodes_per_s": round(n / wall["refill"], 2),
+              "baseline_episodes_per_s": round(n / wall["baseline"], 2),
+              "cpu_ratio": round(cpu["baseline"] / cpu["refill"], 3),
+              "one_window_ratio": round(wall["baseline"] / wall["one_window"], 3), "ratio": round(ratio, 3)}
+    print(f"{n} episodes through {args.rows} rows, medians of {args.repeats}: refill {wall['refill']:.2f} s "
+          f"({cpu['refill']:.2f} CPU s), batches to completion {wall['baseline']:.2f} s ({cpu['baseline']:.2f} CPU s): "
+          f"{ratio:.2f}x; refill over one window {wall['one_window']:.2f} s ({cpu['one_window']:.2f} CPU s)")
     report("continuous_batching", result, quick=args.quick)
 
 
