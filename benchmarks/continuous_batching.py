@@ -87,6 +87,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.episodes, args.rows, args.repeats = 64, 16, 1
+    if args.repeats < 1:
+        ap.error(f"--repeats {args.repeats}: at least one round is needed to time the arms")
     load_before = round(os.getloadavg()[0], 2)
 
     build_tiny_policy(expert_texts(make("agentrl/Vault-v0", locks=2), range(100), noise=0.3), args.out,

@@ -167,6 +167,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.locks, args.episodes, args.repeats = [2, 8], 16, 1
+    if args.repeats < 1:
+        ap.error(f"--repeats {args.repeats}: at least one round is needed to time the two sides")
     sides = ("engine",) if args.engine_only else ("engine", "baseline")
     load_before = round(os.getloadavg()[0], 2)
 

@@ -487,12 +487,15 @@ class TorchSession:
         pos += chunk_mask.sum(1)
         self.tokens_fed += ids.numel()
         self.forwards += 1
+        real = g.mask.sum(1)  # (b,) real positions, the chunk's included
+        before = (real - chunk_mask.sum(1))[:, None]  # (b, 1) ... before the chunk
+        # one host sync for both counts: real positions, and query-key pairs a real query may see
+        kept, seen = torch.stack([real.sum(), (chunk_mask * (before + chunk_mask.cumsum(1))).sum()]).tolist()
         self.positions_attended += ids.shape[0] * width
-        self.positions_padding += ids.shape[0] * width - int(g.mask.sum())
-        before = g.mask[:, : width - chunk].sum(1, keepdim=True)  # (b, 1) real positions before the chunk
+        self.positions_padding += ids.shape[0] * width - kept
         pairs = self.attention_pairs["chunk" if chunk > 1 else "decode"]
         pairs[0] += ids.shape[0] * chunk * width
-        pairs[1] += int((chunk_mask * (before + chunk_mask.cumsum(1))).sum())
+        pairs[1] += seen
         if hidden:  # the state at the last context token, which a turn critic reads
             self.turn_hidden = out.hidden_states[-1][:, -1].float()  # (b, H)
         return out.logits[:, -1]  # (b, V)
