@@ -617,7 +617,7 @@ class Trainer:
         in a single all-reduce (`Ranks.mean_grads`): the same mean, and no rank pads with zero-loss passes."""
         cfg, ranks = self.cfg, self.ranks
         by_hand = self._grads_by_hand()
-        learner = self.accelerator.unwrap_model(self.model) if by_hand else self.model
+        learner = self._learner() if by_hand else self.model  # DDP: the unwrapped module
         loss_cfg = self.loss_config()  # the knobs' coefficients
         if _nothing_to_train(credit):
             return {"train/skipped": 1.0, "train/trained_episodes": 0.0}
