@@ -63,7 +63,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from agentrl.engines import SamplingConfig, TorchEngine
+from agentrl.engines import SamplingConfig, TorchEngine, torch_engine
 from agentrl.policy import ChatFormat, Policy, TinyModelConfig, build_tiny_policy
 from agentrl.registry import make
 from agentrl.rollout import rollout
@@ -99,12 +99,13 @@ def engine_episodes(policy: Policy, locks: int, seeds: list[int], new_tokens: in
 
 @contextmanager
 def attention_timed(seconds: dict[str, float], heads: int):
-    """Time every `scaled_dot_product_attention` call (transformers' SDPA and the engine's grouped-heads path both
-    call it through `torch.nn.functional`), summed into `seconds` under "chunk" (more than one query) and
-    "decode" (one query; the engine folds a decode step's grouped query heads into the query axis, so a call
-    with fewer than the model's `heads` query heads is one too)."""
+    """Time the engine's attention, summed into `seconds` under "chunk" (more than one query) and "decode" (one
+    query): every `scaled_dot_product_attention` call (transformers' SDPA and the engine's grouped-heads path both
+    call it through `torch.nn.functional`), and the engine's own decode attention (`_decode_attention`, two matmuls
+    around a softmax, in fp32). A decode step folds each group's query heads into the query axis, so an SDPA call
+    with fewer than the model's `heads` query heads is one too."""
     F = torch.nn.functional
-    own = F.scaled_dot_product_attention
+    own, own_decode = F.scaled_dot_product_attention, torch_engine._decode_attention
 
     def timed(query, *args, **kwargs):
         t0 = time.perf_counter()
@@ -113,11 +114,17 @@ def attention_timed(seconds: dict[str, float], heads: int):
         seconds[kind] = seconds.get(kind, 0.0) + time.perf_counter() - t0
         return out
 
-    F.scaled_dot_product_attention = timed
+    def timed_decode(*args, **kwargs):
+        t0 = time.perf_counter()
+        out = own_decode(*args, **kwargs)
+        seconds["decode"] = seconds.get("decode", 0.0) + time.perf_counter() - t0
+        return out
+
+    F.scaled_dot_product_attention, torch_engine._decode_attention = timed, timed_decode
     try:
         yield seconds
     finally:
-        F.scaled_dot_product_attention = own
+        F.scaled_dot_product_attention, torch_engine._decode_attention = own, own_decode
 
 
 @torch.inference_mode()

@@ -1,5 +1,6 @@
 """What the torch engine attends over: the additive mask it builds itself, grouped key and value heads read in
-place, the long chunks' heads fed alone, compaction into reserved room, and the padding counters.
+place, chunks packed with their attention in levels (or the long chunks' heads fed alone), compaction into
+reserved room, and the padding counters.
 
 The oracles: greedy decoding against re-encoding each row's whole history with no cache; the engine with
 every one of these off (transformers' own 2D mask and head copies, every chunk padded to the longest), whose
@@ -31,6 +32,7 @@ def context_model():
 def plain(engine: TorchEngine) -> TorchEngine:
     """The engine as it was: transformers builds the mask, copies the grouped heads, every chunk padded."""
     engine.mask_dtype = engine.gqa_attention = None
+    engine.skip_chunk_padding = False
     engine.head_cost = float("inf")
     engine.compact_cost = 1e9
     return engine
@@ -46,18 +48,21 @@ def test_additive_mask_is_the_causal_mask_over_the_kept_positions():
     assert torch.equal(_additive_mask(kept, 1, torch.float32), mask[:, :, 1:])  # a decode step: the last row
 
 
-@pytest.mark.parametrize("head_cost", [0.0, float("inf")], ids=["heads-alone", "padded"])
-def test_uneven_chunks_decode_what_reencoding_decodes(context_model, head_cost):
-    """One row's observation far longer than the others' every turn: with heads fed alone (head_cost 0) or the
-    chunk padded to the longest, every row decodes token for token what re-encoding its history decodes."""
+@pytest.mark.parametrize("mode", ["packed-levels", "heads-alone", "padded"])
+def test_uneven_chunks_decode_what_reencoding_decodes(context_model, mode):
+    """One row's observation far longer than the others' every turn: with the chunk packed and its attention in
+    levels (the default, here at any cost), the heads fed alone (head_cost 0) or the chunk padded to the longest,
+    every row decodes token for token what re-encoding its history decodes."""
     model, g = context_model, torch.Generator().manual_seed(2)
 
     def rand(n):
         return torch.randint(2, model.config.vocab_size, (n,), generator=g).tolist()
 
     engine = TorchEngine(model, SamplingConfig(temperature=0, max_new_tokens=5), [], 1, 0)
-    assert engine.mask_dtype == torch.float32 and engine.gqa_attention is not None
-    engine.head_cost = head_cost
+    assert engine.mask_dtype == torch.float32 and engine.gqa_attention is not None and engine.skip_chunk_padding
+    engine.level_gather_cost = engine.level_call_cost = 0.0
+    engine.skip_chunk_padding = mode == "packed-levels"
+    engine.head_cost = 0.0 if mode == "heads-alone" else float("inf")
     history = [rand(6 + 3 * r) for r in range(4)]
     session = engine.open([list(h) for h in history])
     for turn in range(5):
@@ -68,7 +73,8 @@ def test_uneven_chunks_decode_what_reencoding_decodes(context_model, head_cost):
         session.extend(obs)
         for row, o in zip(session.rows, obs):
             history[row] += o
-    assert (session.heads_fed > 0) == (head_cost == 0.0)
+    assert (session.heads_fed > 0) == (mode == "heads-alone")
+    assert (session.chunks_in_levels > 0) == (session.tokens_packed_out > 0) == (mode == "packed-levels")
 
 
 def test_compaction_gathers_into_the_room_ahead(context_model, monkeypatch):
@@ -148,27 +154,39 @@ def test_mask_and_grouped_heads_change_no_sample(context_model):
         assert a == pytest.approx(b, abs=1e-6)
 
 
-def test_vault_rollout_with_uneven_observations_matches_the_plain_engine(vault_policy):
+@pytest.mark.parametrize("mode", ["packed-levels", "heads-alone"])
+def test_vault_rollout_with_uneven_observations_matches_the_plain_engine(vault_policy, mode):
     """A multi-turn Vault rollout (observations of uneven length every turn, sampling at T=1): the engine with
-    its heads fed alone, its cache compacted into reserved room, its own mask and grouped heads samples what the
-    plain engine samples, up to the last bit of a matmul run at another batch size (at most one episode of 8
-    goes its own way after such a flip), with log-probs equal to 1e-5 wherever the tokens agree, and attends
-    over fewer padding positions."""
+    its chunks packed and their attention in levels (or its heads fed alone), its cache compacted into reserved
+    room, its own mask and grouped heads samples what the plain engine samples, up to the last bit of a matmul run
+    at another batch size (at most one episode of 8 goes its own way after such a flip), with log-probs equal to
+    1e-5 wherever the tokens agree, and computes fewer of its attention's query-key pairs for padding."""
     chat = vault_policy.chat
     sampling = SamplingConfig(max_new_tokens=8)
     fast = TorchEngine(vault_policy.model, sampling, [], chat.eos_id, chat.pad_id, seed=7)
-    fast.head_cost, fast.compact_cost = 0.0, 0.0  # every lever as often as it can be pulled
+    fast.compact_cost = 0.0  # every lever as often as it can be pulled
+    if mode == "heads-alone":
+        fast.skip_chunk_padding, fast.head_cost = False, 0.0
+    else:
+        fast.level_gather_cost = fast.level_call_cost = 0.0
     slow = plain(TorchEngine(vault_policy.model, sampling, [], chat.eos_id, chat.pad_id, seed=7))
     (eps, session), (ref, ref_session) = vault_rollout(vault_policy, fast), vault_rollout(vault_policy, slow)
-    assert session.heads_fed > 0
+    if mode == "heads-alone":
+        assert session.heads_fed > 0
+    else:
+        assert session.chunks_in_levels > 0 and session.tokens_packed_out > 0
     assert [e.num_turns for e in eps] == [e.num_turns for e in ref]
     same = [a.token_ids() == b.token_ids() for a, b in zip(eps, ref)]
     assert sum(same) >= len(ref) - 1
     gaps = [abs(x - y) for a, b, s in zip(eps, ref, same) if s for ta, tb in zip(a.turns, b.turns)
             for x, y in zip(ta.logprobs, tb.logprobs)]
     assert max(gaps) < 1e-5
-    fraction = session.positions_padding / session.positions_attended
-    assert fraction < ref_session.positions_padding / ref_session.positions_attended
+
+    def padded(s):  # the share of the attention's query-key pairs that were padding
+        computed, real = (sum(s.attention_pairs[kind][i] for kind in ("chunk", "decode")) for i in (0, 1))
+        return 1 - real / computed
+
+    assert padded(session) < padded(ref_session)
 
 
 def test_padding_counters_by_hand(context_model):
@@ -196,3 +214,35 @@ def test_rollout_stats_carry_the_sessions_padding_counts(vault_policy):
     assert stats.positions_attended == sessions[0].positions_attended > 0
     assert stats.positions_padding == sessions[0].positions_padding
     assert 0 <= stats.positions_padding < stats.positions_attended
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_layers_called_in_turn_match_the_model_bit_for_bit(arch):
+    """The engine calls a llama-family decoder's layers in turn instead of the model (`_run_layers`): over three turns
+    of uneven observations (packed chunks, decode steps, sampling at T=1) the tokens, log-probs and turn-critic hidden
+    states are exactly those of the engine calling the model itself."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(1)
+    shape = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=512)
+    config, cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+                   "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[arch]
+    model = cls(config(**shape)).eval()
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(2, 64, (4 + 3 * r,), generator=g).tolist() for r in range(4)]
+    obs = [[torch.randint(2, 64, (1 + 9 * ((r + k) % 3),), generator=g).tolist() for r in range(4)] for k in range(3)]
+    runs = []
+    for direct in (True, False):
+        engine = TorchEngine(model, SamplingConfig(max_new_tokens=5), [], 1, 0, seed=9, capture_hidden=True)
+        assert engine.decoder is not None
+        if not direct:
+            engine.decoder = None
+        session = engine.open(prompts)
+        gens = []
+        for k in range(3):
+            gens += [(g.ids, g.logprobs, g.hidden) for g in session.generate()]
+            session.extend(obs[k])
+        assert session.tokens_packed_out > 0
+        runs.append(gens)
+    assert runs[0] == runs[1]

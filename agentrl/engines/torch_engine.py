@@ -28,6 +28,7 @@ import copy
 import inspect
 from collections.abc import Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,6 +124,81 @@ def _append(view: torch.Tensor, buf: torch.Tensor | None, new: torch.Tensor, roo
     return buf.narrow(dim, 0, length + n), buf
 
 
+@dataclass
+class _Level:
+    """Part of a chunk's attention: the queries of columns lo:hi for `rows` (None: every row), over the keys up to
+    the last one those queries may see, under `mask` (the forward's mask cut to them; made once per forward)."""
+
+    rows: torch.Tensor | None  # (r,) row indices
+    lo: int
+    hi: int
+    mask: torch.Tensor  # (r, 1, hi - lo, keys)
+
+
+@dataclass
+class _Chunk:
+    """An observation chunk of (rows x chunk) columns, fed under the engine's attention without paying for its
+    padding (a third of the columns at 32 Vault turns, whose observations are ~30 or ~62 tokens):
+
+    - `index` (packed): only the real tokens go through the model, as one sequence (1, N), so that the layers'
+      projections, MLPs and norms skip the pads. Each layer's keys and values are scattered back to the rectangle
+      the cache keeps (zeros at the pads, masked as ever), and the queries too for attention, whose output is
+      packed again. `index`: the real positions of the rectangle, row-major.
+    - `levels`: attention in parts (see `_chunk_levels`) rather than every row over the widest row's columns."""
+
+    rows: int
+    chunk: int
+    index: torch.Tensor | None  # (N,)
+    levels: list[_Level] | None
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """(1, H, N, D) packed heads -> (rows, H, chunk, D), zeros at the pads."""
+        heads, dim = x.shape[1], x.shape[-1]
+        out = x.new_zeros(self.rows * self.chunk, heads, dim)
+        out[self.index] = x[0].transpose(0, 1)  # (N, H, D)
+        return out.view(self.rows, self.chunk, heads, dim).transpose(1, 2)
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """(rows, chunk, H, D) -> (1, N, H, D): the real positions only."""
+        return x.reshape(self.rows * self.chunk, *x.shape[2:])[self.index][None]
+
+
+# the chunk being fed, if it runs packed or in levels: set by TorchSession._forward around the model call, read by the
+# cache layers and the attention below (the model passes neither through to both on every transformers version)
+_CHUNK: ContextVar[_Chunk | None] = ContextVar("agentrl_chunk", default=None)
+
+
+def _unpacked(key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    run = _CHUNK.get()
+    if run is None or run.index is None:
+        return key_states, value_states
+    return run.unpack(key_states), run.unpack(value_states)
+
+
+def _chunk_levels(spans: Sequence[int], width: int, gather_cost: float, call_cost: float) -> list[tuple[int, int]]:
+    """How a chunk's attention runs in levels, cheapest first: [(t_prev, t)], each level the columns of the last t
+    (but not the last t_prev) for the rows whose span (real columns, counted from the chunk's end) exceeds t_prev.
+
+    The first level takes every row (t_prev 0); a later one gathers its rows' keys and values first. Costs are in
+    query-key pairs: a level of r rows and c columns costs r x c x width, plus, when it gathers, `gather_cost` x r x
+    width and `call_cost`. [(0, widest span)] is the plain forward's attention."""
+    cuts = sorted(set(spans))
+    n = len(cuts)
+    over = [sum(1 for x in spans if x > t) for t in cuts]  # rows still to cover past each cut
+    best = [len(spans) * t * width for t in cuts]  # one level over every row, up to cut j
+    prev: list[int | None] = [None] * n
+    for j in range(n):
+        for i in range(j):
+            cost = best[i] + over[i] * ((cuts[j] - cuts[i] + gather_cost) * width) + call_cost
+            if cost < best[j]:
+                best[j], prev[j] = cost, i
+    levels, j = [], n - 1
+    while prev[j] is not None:
+        levels.append((cuts[prev[j]], cuts[j]))
+        j = prev[j]
+    return [(0, cuts[j])] + levels[::-1]
+
+
 class _RollingLayer(DynamicLayer):
     """A `DynamicLayer` that writes new keys and values into room reserved by its cache (see `_append`)
     instead of concatenating; `keys`/`values` are views of the buffers' leading positions, so every
@@ -136,6 +212,7 @@ class _RollingLayer(DynamicLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args,
                **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        key_states, value_states = _unpacked(key_states, value_states)
         # the first write sets the layer up as the parent does (its API varies by version)
         if self.get_seq_length() == 0:
             return super().update(key_states, value_states, *args, **kwargs)
@@ -150,8 +227,10 @@ class _RollingCache(DynamicCache):
     def __init__(self) -> None:
         super().__init__()
         self.room = 0
-        # layers are made on first use; a transformers without this hook keeps plain DynamicLayers
-        if getattr(self, "layer_class_to_replicate", None) is DynamicLayer:
+        # layers are made on first use; a transformers without this hook keeps plain DynamicLayers (which cannot
+        # take a packed chunk)
+        self.packs = getattr(self, "layer_class_to_replicate", None) is DynamicLayer
+        if self.packs:
             self.layer_class_to_replicate = lambda: _RollingLayer(self)
 
 
@@ -165,6 +244,19 @@ def _plain_sdpa(config: Any) -> bool:
     return not getattr(config, "sliding_window", None)
 
 
+def _decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                      scale: float) -> torch.Tensor:
+    """Attention of a few queries per head over a long cache (query (b, H, q, D), key and value (b, H, L, D), mask
+    additive (b, 1, 1, L) or None): two batched matmuls around a softmax. At a handful of queries SDPA's CPU kernel
+    runs a small GEMM per block of keys and is bound by that, not by reading the cache: these three passes took
+    0.68 against 0.95 ms per layer for the tiny policy's 32 x 1,200 cache in fp32 (docs/benchmarks.md). The
+    rounding differs from SDPA's in the last bit."""
+    scores = torch.matmul(query * scale, key.transpose(-1, -2))  # (b, H, q, L)
+    if mask is not None:
+        scores += mask
+    return torch.matmul(scores.softmax(-1), value)  # (b, H, q, D)
+
+
 def _gqa_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
               **kwargs) -> tuple[torch.Tensor, None]:
@@ -175,16 +267,41 @@ def _gqa_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     one key head and, at one position, one mask row, so SDPA reads each key and value head once for the whole
     group (enable_gqa reads it once per query head: a decode step's attention is the cache read from memory, and
     folding cut it from 1.42 to 0.88 ms per layer for the tiny policy's 32 x 1100 cache, 1.79 to 1.30 ms for
-    SmolLM2's 8 x 1500). Query head h reads key head h // group, as transformers' repeat_kv lays them out."""
+    SmolLM2's 8 x 1500). Query head h reads key head h // group, as transformers' repeat_kv lays them out.
+
+    A chunk fed packed or in levels (`_Chunk`) gets its queries back in the cache's rectangle, its attention
+    computed level by level, and its output packed again (1, N, H, D)."""
+    run = _CHUNK.get()
+    if run is not None and run.index is not None:  # a packed chunk: its queries back in the cache's rectangle
+        query = run.unpack(query)
     b, heads, chunk, dim = query.shape
     kv_heads = key.shape[1]
     if chunk == 1 and heads != kv_heads and (attention_mask is None or attention_mask.shape[1:3] == (1, 1)):
         group = heads // kv_heads
         folded = query.reshape(b, kv_heads, group, dim)  # (b, H_kv, group, D): the group's heads as its queries
-        out = F.scaled_dot_product_attention(folded, key, value, attn_mask=attention_mask, scale=scaling)
-        return out.view(b, 1, heads, dim), None  # (b, C = 1, H, D), as transformers' own
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,
-                                         enable_gqa=kv_heads != heads)  # (b, H, C, D)
+        if query.dtype == torch.float32:
+            out = _decode_attention(folded, key, value, attention_mask, dim**-0.5 if scaling is None else scaling)
+        else:  # bf16 / fp16: SDPA's kernel accumulates the softmax in fp32
+            out = F.scaled_dot_product_attention(folded, key, value, attn_mask=attention_mask, scale=scaling)
+        return out.reshape(b, 1, heads, dim), None  # (b, C = 1, H, D), as transformers' own
+    if run is None or run.levels is None:
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,
+                                             enable_gqa=kv_heads != heads)  # (b, H, C, D)
+    else:  # columns no level covers are padding: zeros, finite wherever they go
+        out = query.new_zeros(b, heads, chunk, dim)
+        for level in run.levels:
+            keys = level.mask.shape[-1]  # the last key the level's queries may see
+            q, k, v = query[:, :, level.lo : level.hi], key[:, :, :keys], value[:, :, :keys]
+            if level.rows is not None:  # gathered: this level's rows only
+                q, k, v = q[level.rows], k[level.rows], v[level.rows]
+            part = F.scaled_dot_product_attention(q, k, v, attn_mask=level.mask, scale=scaling,
+                                                  enable_gqa=kv_heads != heads)  # (r, H, hi - lo, D)
+            if level.rows is None:
+                out[:, :, level.lo : level.hi] = part
+            else:
+                out[level.rows, :, level.lo : level.hi] = part
+    if run is not None and run.index is not None:
+        return run.pack(out.transpose(1, 2)), None  # (1, N, H, D)
     return out.transpose(1, 2).contiguous(), None  # (b, C, H, D), as transformers' own
 
 
@@ -192,6 +309,35 @@ _GQA_SDPA = "agentrl_gqa_sdpa"
 # architectures whose attention is plain SDPA over the projected heads (no softcap, sinks or position bias)
 _GQA_MODELS = {"llama", "qwen2", "qwen3"}
 AttentionInterface.register(_GQA_SDPA, _gqa_sdpa)
+
+
+def _decoder(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The causal LM whose decoder layers the engine may call in turn (`_run_layers`): a llama-family model laid out
+    as transformers lays it out (embedding, rotary tables, layers, final norm, LM head); None: call the model."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft: its layers carry the adapters
+    inner = getattr(base, "model", None)
+    if getattr(base.config, "model_type", None) not in _GQA_MODELS or inner is None or not hasattr(base, "lm_head"):
+        return None
+    if not all(hasattr(inner, name) for name in ("embed_tokens", "rotary_emb", "layers", "norm")):
+        return None
+    return base
+
+
+def _run_layers(base: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor | None, position_ids: torch.Tensor,
+                cache: DynamicCache, cache_kwarg: str, last: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits (b, V) and final hidden states (b, H) that `base(...)` computes at each row's last position (or at
+    the packed positions `last` of a (1, N) sequence), calling its modules in turn: the embedding, the rotary tables,
+    each decoder layer, the final norm, the LM head. The same modules on the same numbers, without the model-level
+    wrappers (output capture, config defaults, deprecated-argument checks), which cost ~0.5 ms of a 4-layer decode
+    step's ~6.5 ms on CPU (tests/test_engine_padding.py checks the logits and the cache bit for bit)."""
+    inner = base.model
+    hidden = inner.embed_tokens(ids)
+    rotary = inner.rotary_emb(hidden, position_ids)
+    for layer in inner.layers[: inner.config.num_hidden_layers]:
+        hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, use_cache=True,
+                       position_embeddings=rotary, **{cache_kwarg: cache})
+    hidden = inner.norm(hidden[:, -1] if last is None else hidden[0, last])  # (b, H)
+    return base.lm_head(hidden), hidden
 
 
 @contextmanager
@@ -265,6 +411,18 @@ class TorchEngine:
         self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
         # only the last position's logits are sampled from: skip the LM head on the rest of a chunk
         self.last_logits = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        # An observation chunk with padding, under the engine's attention, does not pay for its pads (`_Chunk`): it
+        # runs packed, so that the layers' matmuls skip them, and its attention runs in levels (`_chunk_levels`) when
+        # some rows' longer observations would make every row attend over their width. At 32 Vault turns a third
+        # of the chunk's columns are pads (observations are ~30 or ~62 tokens). This supersedes feeding the longest
+        # chunks' heads alone (`_feed_heads`), which costs a forward per row. Level costs in query-key pairs,
+        # measured on CPU with the tiny policy (32 rows, 62-column chunks, 2,000 cached positions): gathering a
+        # row's keys and values costs ~10 pairs per position (72 against 7 ns), an SDPA call ~6,000 pairs (40 us).
+        self.skip_chunk_padding = self.gqa_attention is not None
+        # Under the engine's attention the forward calls the decoder's layers in turn (`_run_layers`), not the model.
+        self.decoder = _decoder(self.model) if self.gqa_attention is not None else None
+        self.level_gather_cost = 10.0
+        self.level_call_cost = 6000.0
         # Each row samples from a stream of its own: a counter-based generator keyed by the session
         # and the caller's row index, so a row's tokens do not depend on which rows share its batch
         # (rows join and leave at times set by their tools' latency).
@@ -333,6 +491,7 @@ class _WindowLayer(DynamicLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args,
                **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        key_states, value_states = _unpacked(key_states, value_states)
         n, m = self.keys.shape[-2], key_states.shape[-2]
         if n + m > self.key_buf.shape[-2]:  # the session reserves a turn's room first: a bug, not an input
             raise RuntimeError(f"cache window full: {n} + {m} positions in room for {self.key_buf.shape[-2]}")
@@ -418,6 +577,8 @@ class TorchSession:
         self.pos = torch.zeros(len(prompts), dtype=torch.long, device=dev)  # (B,) real tokens so far
         self.pending: list[list[int]] = prompts  # tokens each row has not yet fed to the model
         self.tokens_fed = 0  # padded positions run through the model (for throughput accounting)
+        self.tokens_packed_out = 0  # ... of them padding that skipped the layers' matmuls (a packed chunk, _Chunk)
+        self.chunks_in_levels = 0  # chunks whose attention ran in more than one level (_chunk_levels)
         self.forwards = 0  # model forwards run (prefills of shared prompts not counted)
         # cache positions the forwards attended over (rows x width, summed over forwards), and of them masked holes
         self.positions_attended = 0
@@ -466,10 +627,16 @@ class TorchSession:
             g.mask, g.mask_buf = _append(g.mask, g.mask_buf, chunk_mask, self.room, dim=1)  # (B, L + C)
         pos = self.pos[g.lo : g.hi]  # a view: updated in place
         pos_ids = (pos[:, None] + chunk_mask.cumsum(1) - 1).clamp(min=0)  # (b, C)
+        eng, chunk, width = self.engine, ids.shape[1], g.mask.shape[1]
         # An all-ones mask is one that transformers checks (a reduction, a host sync) and then
         # drops: until the first hole, pass none; the model runs the same kernels on the same numbers.
-        g.holes = g.holes or not bool(chunk_mask.all())
-        eng, chunk, width = self.engine, ids.shape[1], g.mask.shape[1]
+        if chunk > 1:  # each row's span: its columns from the first real one to the chunk's end (one host sync)
+            *spans, real, ends_real = torch.cat([chunk - chunk_mask.argmax(1),  # argmax: the first maximum
+                                                 chunk_mask.sum()[None], chunk_mask[:, -1].sum()[None]]).tolist()
+            full = real == ids.numel()
+        else:
+            full = True if g.holes else bool(chunk_mask.all())
+        g.holes = g.holes or not full
         past = width > chunk  # a chunk after cached positions: transformers materializes a mask even without holes
         mask, attention = None, None
         if eng.mask_dtype is None:
@@ -479,11 +646,30 @@ class TorchSession:
             attention = eng.gqa_attention  # a decode step too: repeat_kv at one query is most of SDPA's cost
         elif chunk == 1:
             attention = eng.gqa_attention  # no mask: the group's heads still fold into one read of the cache
-        with _attention(eng.model, attention):
-            out = eng.model(
-                input_ids=ids, attention_mask=mask, position_ids=pos_ids, use_cache=True,
-                output_hidden_states=hidden, **{eng.cache_kwarg: g.cache}, **eng.last_logits,
-            )
+        run, keep, model_ids, model_pos = None, eng.last_logits, ids, pos_ids
+        computed = ids.shape[0] * chunk * width  # query-key pairs the attention computes
+        if chunk > 1 and not full and attention is not None and eng.skip_chunk_padding:
+            run, computed = self._chunk_run(chunk_mask, spans, ends_real == len(spans), mask)
+            if run.index is not None:
+                keep = {"logits_to_keep": chunk_mask.sum(1).cumsum(0) - 1}  # (b,) each row's last token, packed
+                model_ids, model_pos = ids.flatten()[run.index][None], pos_ids.flatten()[run.index][None]  # (1, N)
+        packed = run is not None and run.index is not None
+        token = _CHUNK.set(run)
+        try:
+            with _attention(eng.model, attention):
+                if attention is not None and eng.decoder is not None:
+                    logits, last_hidden = _run_layers(eng.decoder, model_ids, mask, model_pos, g.cache,
+                                                      eng.cache_kwarg, keep["logits_to_keep"] if packed else None)
+                else:
+                    out = eng.model(
+                        input_ids=model_ids, attention_mask=mask, position_ids=model_pos, use_cache=True,
+                        output_hidden_states=hidden, **{eng.cache_kwarg: g.cache}, **keep,
+                    )
+                    logits = out.logits[0] if packed else out.logits[:, -1]  # (b, V): each row's last token
+                    last_hidden = (out.hidden_states[-1][0, keep["logits_to_keep"]] if packed
+                                   else out.hidden_states[-1][:, -1]) if hidden else None
+        finally:
+            _CHUNK.reset(token)
         pos += chunk_mask.sum(1)
         self.tokens_fed += ids.numel()
         self.forwards += 1
@@ -494,11 +680,45 @@ class TorchSession:
         self.positions_attended += ids.shape[0] * width
         self.positions_padding += ids.shape[0] * width - kept
         pairs = self.attention_pairs["chunk" if chunk > 1 else "decode"]
-        pairs[0] += ids.shape[0] * chunk * width
+        pairs[0] += computed
         pairs[1] += seen
+        if packed:
+            self.tokens_packed_out += ids.numel() - len(run.index)
         if hidden:  # the state at the last context token, which a turn critic reads
-            self.turn_hidden = out.hidden_states[-1][:, -1].float()  # (b, H)
-        return out.logits[:, -1]  # (b, V)
+            self.turn_hidden = last_hidden.float()  # (b, H)
+        return logits  # (b, V)
+
+    def _chunk_run(self, chunk_mask: torch.Tensor, spans: list[int], ends_real: bool,
+                   mask: torch.Tensor) -> tuple[_Chunk, int]:
+        """How a chunk with padding runs (`_Chunk`), and the query-key pairs its attention computes. Packed when the
+        group's cache layers take it and every row ends in a real token (the newest, sampled from); in levels
+        when they cost less than one attention over the rectangle (`_chunk_levels`)."""
+        eng, g = self.engine, self._group
+        rows, chunk = chunk_mask.shape
+        width = mask.shape[-1]
+        ours = g.cache.packs if isinstance(g.cache, _RollingCache) else all(
+            isinstance(layer, _WindowLayer) for layer in g.cache.layers)
+        index = None
+        if ours and ends_real and eng.last_logits:
+            index = chunk_mask.flatten().nonzero().squeeze(1)  # (N,)
+        cuts = _chunk_levels(spans, width, eng.level_gather_cost, eng.level_call_cost)
+        levels, computed = [], 0
+        for before, upto in cuts:
+            lo, hi, keys = chunk - upto, chunk - before, width - before
+            if before == 0:
+                take, level_mask = None, mask[:, :, lo:hi, :keys]
+                computed += rows * (hi - lo) * keys
+            else:
+                take = torch.tensor([r for r, n in enumerate(spans) if n > before], dtype=torch.long,
+                                    device=mask.device)
+                level_mask = mask[take, :, lo:hi, :keys]
+                computed += len(take) * (hi - lo) * keys
+            levels.append(_Level(take, lo, hi, level_mask.contiguous()))
+        if len(levels) == 1 and levels[0].lo == 0:  # one level over the whole rectangle: the plain attention
+            levels = None
+        elif len(levels) > 1:
+            self.chunks_in_levels += 1
+        return _Chunk(rows, chunk, index, levels), computed
 
     def _layers(self) -> list[Any]:
         return [layer for layer in getattr(self.cache, "layers", []) if layer.get_seq_length() > 0]
@@ -752,7 +972,7 @@ class TorchSession:
         eng = self.engine
         length = self.cache_len
         layers = getattr(self.cache, "layers", [])
-        if (g.window or not length or not layers or not isinstance(self.cache, _RollingCache)
+        if (g.window or eng.skip_chunk_padding or not length or not layers or not isinstance(self.cache, _RollingCache)
                 or not all(isinstance(layer, _RollingLayer) and layer.get_seq_length() == length for layer in layers)):
             return width
         sizes = sorted((len(self.pending[s]) for s in slots), reverse=True)
