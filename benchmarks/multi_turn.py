@@ -89,7 +89,8 @@ def engine_episodes(policy: Policy, locks: int, seeds: list[int], new_tokens: in
     assert all(e.num_turns == 2 * locks and e.truncated for e in episodes), "an episode ended before its turn budget"
     assert all(len(t.action_ids) == new_tokens for e in episodes for t in e.turns)
     if counts is not None:
-        for name in ("forwards", "positions_attended", "positions_padding"):
+        for name in ("forwards", "positions_attended", "positions_padding", "tokens_fed", "tokens_packed_out",
+                     "chunks_in_levels"):
             counts[name] = sum(getattr(s, name) for s in sessions)
         for kind in ("chunk", "decode"):
             counts[f"{kind}_pairs"] = sum(s.attention_pairs[kind][0] for s in sessions)
@@ -212,6 +213,10 @@ def main() -> None:
             "engine_forwards": counts["forwards"],
             "engine_ms_per_forward": round(1000 * eng / counts["forwards"], 2),
             "engine_padding_fraction": round(counts["positions_padding"] / counts["positions_attended"], 3),
+            # of the positions fed, the chunks' pads that skipped the layers; chunks whose attention ran in levels
+            "engine_tokens_fed": counts["tokens_fed"],
+            "engine_tokens_packed_out": counts["tokens_packed_out"],
+            "engine_chunks_in_levels": counts["chunks_in_levels"],
         }
         line = (f"{row['turns']:3d} turns: engine {row['engine_episodes_per_s']:7.2f} episodes/s "
                 f"({row['engine_s_per_episode']:.3f} s/episode, {row['engine_ms_per_forward']:.1f} ms a forward, "

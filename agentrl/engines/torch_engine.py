@@ -15,11 +15,13 @@ turn's chunk and its longest action, and writes each token into it (`_RollingCac
 same for the attention mask); the samples and log-probs are bit for bit those of `DynamicCache`.
 
 Over many turns the turn's observation chunk is the costly forward (on CPU, rows x chunk width x cache
-width of attention, against rows x cache width for a decode step): the engine builds its additive mask
-once per forward, lets SDPA read grouped key/value heads in place, feeds the longest observations' heads
-in forwards of their own rather than padding every row to them (`_feed_heads`), and squeezes the holes
-out of the cache when that pays (`_compact`). `positions_attended` / `positions_padding` count what the
-forwards attended over and how much of it was holes.
+width of attention, against rows x cache width for a decode step). The engine builds its additive mask once
+per forward and lets SDPA read grouped key/value heads in place. A chunk with padding runs packed: the layers
+see only its real tokens, and its attention runs in levels, so that no row attends over a longer row's columns
+(`_Chunk`). Where the engine's attention is not used, the longest observations' heads are fed in forwards of
+their own instead (`_feed_heads`). The holes are squeezed out of the cache when that pays (`_compact`).
+`positions_attended` / `positions_padding` count what the forwards attended over and how much of it was holes;
+`attention_pairs` counts the query-key pairs computed and how many were real.
 """
 
 from __future__ import annotations
