@@ -216,19 +216,27 @@ def test_rollout_stats_carry_the_sessions_padding_counts(vault_policy):
     assert 0 <= stats.positions_padding < stats.positions_attended
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "llama-lora"])
 def test_layers_called_in_turn_match_the_model_bit_for_bit(arch):
     """The engine calls a llama-family decoder's layers in turn instead of the model (`_run_layers`): over three turns
     of uneven observations (packed chunks, decode steps, sampling at T=1) the tokens, log-probs and turn-critic hidden
-    states are exactly those of the engine calling the model itself."""
+    states are exactly those of the engine calling the model itself. With LoRA (peft) the adapters, which change the
+    samples, are in both."""
+    from peft import LoraConfig, get_peft_model
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(1)
     shape = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=512)
     config, cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-                   "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[arch]
+                   "qwen3": (Qwen3Config, Qwen3ForCausalLM), "llama-lora": (LlamaConfig, LlamaForCausalLM)}[arch]
     model = cls(config(**shape)).eval()
+    if arch == "llama-lora":
+        model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "down_proj"]))
+        for name, p in model.named_parameters():
+            if "lora_B" in name:  # peft starts B at zero (an adapter that changes nothing): make it matter
+                torch.nn.init.normal_(p, std=0.5)
+        model.eval()
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(2, 64, (4 + 3 * r,), generator=g).tolist() for r in range(4)]
     obs = [[torch.randint(2, 64, (1 + 9 * ((r + k) % 3),), generator=g).tolist() for r in range(4)] for k in range(3)]
@@ -246,3 +254,8 @@ def test_layers_called_in_turn_match_the_model_bit_for_bit(arch):
         assert session.tokens_packed_out > 0
         runs.append(gens)
     assert runs[0] == runs[1]
+    if arch == "llama-lora":  # the adapters were in the samples
+        with model.disable_adapter():
+            engine = TorchEngine(model, SamplingConfig(max_new_tokens=5), [], 1, 0, seed=9, capture_hidden=True)
+            base = [(g.ids, g.logprobs, g.hidden) for g in engine.open(prompts).generate()]
+        assert base != runs[0][: len(base)]
