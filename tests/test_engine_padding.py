@@ -218,10 +218,10 @@ def test_rollout_stats_carry_the_sessions_padding_counts(vault_policy):
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "llama-lora"])
 def test_layers_called_in_turn_match_the_model_bit_for_bit(arch):
-    """The engine calls a llama-family decoder's layers in turn instead of the model (`_run_layers`): over three turns
-    of uneven observations (packed chunks, decode steps, sampling at T=1) the tokens, log-probs and turn-critic hidden
-    states are exactly those of the engine calling the model itself. With LoRA (peft) the adapters, which change the
-    samples, are in both."""
+    """The engine calls a llama-family decoder's layers in turn instead of the model (`_run_layers`): over three
+    turns of uneven observations (packed chunks, decode steps, sampling at T=1) the tokens, log-probs and
+    turn-critic hidden states are exactly those of the engine calling the model itself. With LoRA (peft) the
+    adapters, which change the samples, are in both."""
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
