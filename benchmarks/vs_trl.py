@@ -53,7 +53,8 @@ Why it is a fair comparison:
   uses the sampler's log-probs as the behaviour policy; TRL calls `model.generate()` and computes
   the logits of completion tokens only (`logits_to_keep`). These are what is being compared.
 
-The last line printed is one JSON object with the figures (`ratio` among them).
+The last line printed is one JSON object with the figures (`ratio` among them), also written to
+`benchmarks/results/vs_trl[_smollm2].json` (or `--save`).
 """
 
 from __future__ import annotations
@@ -438,7 +439,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "tokenizer, tools in the system prompt as agentrl writes them)")
     ap.add_argument("--out", default=None, help="work folder (model, runs); default: a fresh temporary folder")
     ap.add_argument("--save", default=None,
-                    help="also write the JSON here (e.g. benchmarks/results/vs_trl_smollm2.json)")
+                    help="write the JSON here instead of benchmarks/results/vs_trl[_smollm2].json")
     args = ap.parse_args(argv)
     if args.group_size < 2:
         ap.error("--group-size must be >= 2 (TRL's GRPO needs two generations per prompt)")
@@ -540,8 +541,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if a["skipped"]:
         print(f"NOT LIKE FOR LIKE: {a['skipped']} timed agentrl update(s) had no reward variance and skipped the "
               "optimizer step")
-    if args.save:
-        Path(args.save).write_text(json.dumps(result, indent=1) + "\n")
+    name = "vs_trl" + (f"_{args.model.split('-')[0]}" if args.model != "tiny" else "")
+    out = Path(args.save) if args.save else Path(__file__).resolve().parent / "results" / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))
     return result
 
