@@ -170,9 +170,15 @@ class _Chunk:
 _CHUNK: ContextVar[_Chunk | None] = ContextVar("agentrl_chunk", default=None)
 
 
-def _unpacked(key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _packed_chunk() -> _Chunk | None:
+    """The chunk being fed, if it runs packed."""
     run = _CHUNK.get()
-    if run is None or run.index is None:
+    return run if run is not None and run.index is not None else None
+
+
+def _unpacked(key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    run = _packed_chunk()
+    if run is None:
         return key_states, value_states
     return run.unpack(key_states), run.unpack(value_states)
 
@@ -273,9 +279,9 @@ def _gqa_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
 
     A chunk fed packed or in levels (`_Chunk`) gets its queries back in the cache's rectangle, its attention
     computed level by level, and its output packed again (1, N, H, D)."""
-    run = _CHUNK.get()
-    if run is not None and run.index is not None:  # a packed chunk: its queries back in the cache's rectangle
-        query = run.unpack(query)
+    run, packed = _CHUNK.get(), _packed_chunk()
+    if packed is not None:  # its queries back in the cache's rectangle
+        query = packed.unpack(query)
     b, heads, chunk, dim = query.shape
     kv_heads = key.shape[1]
     if chunk == 1 and heads != kv_heads and (attention_mask is None or attention_mask.shape[1:3] == (1, 1)):
@@ -302,8 +308,8 @@ def _gqa_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
                 out[:, :, level.lo : level.hi] = part
             else:
                 out[level.rows, :, level.lo : level.hi] = part
-    if run is not None and run.index is not None:
-        return run.pack(out.transpose(1, 2)), None  # (1, N, H, D)
+    if packed is not None:
+        return packed.pack(out.transpose(1, 2)), None  # (1, N, H, D)
     return out.transpose(1, 2).contiguous(), None  # (b, C, H, D), as transformers' own
 
 
@@ -648,12 +654,13 @@ class TorchSession:
             attention = eng.gqa_attention  # a decode step too: repeat_kv at one query is most of SDPA's cost
         elif chunk == 1:
             attention = eng.gqa_attention  # no mask: the group's heads still fold into one read of the cache
+        fed = chunk_mask.sum(1)  # (b,) real tokens each row feeds
         run, keep, model_ids, model_pos = None, eng.last_logits, ids, pos_ids
         computed = ids.shape[0] * chunk * width  # query-key pairs the attention computes
         if chunk > 1 and not full and attention is not None and eng.skip_chunk_padding:
             run, computed = self._chunk_run(chunk_mask, spans, ends_real == len(spans), mask)
             if run.index is not None:
-                keep = {"logits_to_keep": chunk_mask.sum(1).cumsum(0) - 1}  # (b,) each row's last token, packed
+                keep = {"logits_to_keep": fed.cumsum(0) - 1}  # (b,) each row's last token, packed
                 model_ids, model_pos = ids.flatten()[run.index][None], pos_ids.flatten()[run.index][None]  # (1, N)
         packed = run is not None and run.index is not None
         token = _CHUNK.set(run)
@@ -672,11 +679,11 @@ class TorchSession:
                                    else out.hidden_states[-1][:, -1]) if hidden else None
         finally:
             _CHUNK.reset(token)
-        pos += chunk_mask.sum(1)
+        pos += fed
         self.tokens_fed += ids.numel()
         self.forwards += 1
         real = g.mask.sum(1)  # (b,) real positions, the chunk's included
-        before = (real - chunk_mask.sum(1))[:, None]  # (b, 1) ... before the chunk
+        before = (real - fed)[:, None]  # (b, 1) ... before the chunk
         # one host sync for both counts: real positions, and query-key pairs a real query may see
         kept, seen = torch.stack([real.sum(), (chunk_mask * (before + chunk_mask.cumsum(1))).sum()]).tolist()
         self.positions_attended += ids.shape[0] * width
