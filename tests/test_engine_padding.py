@@ -15,7 +15,7 @@ from test_engine_prefix import greedy_reencoded  # the oracle: generate by re-en
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from agentrl.engines import SamplingConfig, TorchEngine, torch_engine
-from agentrl.engines.torch_engine import _additive_mask
+from agentrl.engines.torch_engine import _additive_mask, _gather_positions
 from agentrl.registry import make
 from agentrl.rollout import rollout
 
@@ -75,6 +75,28 @@ def test_uneven_chunks_decode_what_reencoding_decodes(context_model, mode):
             history[row] += o
     assert (session.heads_fed > 0) == (mode == "heads-alone")
     assert (session.chunks_in_levels > 0) == (session.tokens_packed_out > 0) == (mode == "packed-levels")
+
+
+@pytest.mark.parametrize("layout", ["buffer view", "heads last"])
+def test_compaction_gather_picks_each_rows_positions(layout):
+    """out[b, h, w] = x[rows[b], h, positions[b, w]], whole head vectors, for a cache layer stored as the leading part
+    of a larger buffer (the rolling cache) and for one whose heads are not laid out as rows (copied first)."""
+    if layout == "buffer view":  # (3, 2, 5, 4) as positions 1:6 of rows 1:4 of a (5, 2, 9, 4) buffer
+        buf = torch.arange(5 * 2 * 9 * 4, dtype=torch.float32).view(5, 2, 9, 4)
+        x = buf[1:4, :, 1:6]
+        value = lambda b, h, p, d: ((b + 1) * 2 * 9 + h * 9 + p + 1) * 4 + d  # noqa: E731
+    else:  # (3, 2, 5, 4) whose heads are the fastest-moving axis but one: x[b, h, p, d] = base[b, p, h, d]
+        base = torch.arange(3 * 5 * 2 * 4, dtype=torch.float32).view(3, 5, 2, 4)
+        x = base.transpose(1, 2)
+        value = lambda b, h, p, d: ((b * 5 + p) * 2 + h) * 4 + d  # noqa: E731
+    rows = torch.tensor([2, 0])
+    positions = torch.tensor([[4, 0, 0], [1, 3, 2]])
+    out = _gather_positions(x, rows, positions)
+    assert out.shape == (2, 2, 3, 4)
+    for b, row in enumerate((2, 0)):
+        for h in range(2):
+            for w, p in enumerate(positions[b].tolist()):
+                assert out[b, h, w].tolist() == [value(row, h, p, d) for d in range(4)]
 
 
 def test_compaction_gathers_into_the_room_ahead(context_model, monkeypatch):

@@ -162,7 +162,7 @@ class _Chunk:
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """(rows, chunk, H, D) -> (1, N, H, D): the real positions only."""
-        return x.reshape(self.rows * self.chunk, *x.shape[2:])[self.index][None]
+        return x.reshape(self.rows * self.chunk, *x.shape[2:]).index_select(0, self.index)[None]
 
 
 # the chunk being fed, if it runs packed or in levels: set by TorchSession._forward around the model call, read by the
@@ -205,6 +205,23 @@ def _chunk_levels(spans: Sequence[int], width: int, gather_cost: float, call_cos
         levels.append((cuts[prev[j]], cuts[j]))
         j = prev[j]
     return [(0, cuts[j])] + levels[::-1]
+
+
+def _gather_positions(x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """out[b, h, w] = x[rows[b], h, positions[b, w]] for a cache layer's keys or values x (B, H, L, D): the
+    compaction's gather (`TorchSession._compact`). It copies whole head vectors, as rows of a (positions, D) view of
+    x's storage, by one `index_select`: `gather` reads an int64 index per element, and for the tiny policy's 32 x 2 x
+    2,000 x 32 cache it took 4.0 against 0.66 ms (the whole cache cloned: 0.6 ms)."""
+    b, heads, _, dim = x.shape
+    s0, s1, s2, s3 = x.stride()
+    if s3 != 1 or s2 != dim or s1 % dim or s0 % dim:  # not laid out as rows of head vectors
+        x = x.contiguous()
+        s0, s1, s2, s3 = x.stride()
+    span = ((x.shape[0] - 1) * s0 + (heads - 1) * s1 + (x.shape[2] - 1) * s2) // dim + 1  # head vectors x reaches
+    vectors = x.as_strided((span, dim), (dim, 1))  # (span, D), from x's first element
+    index = (rows[:, None, None] * (s0 // dim) + torch.arange(heads, device=x.device)[None, :, None] * (s1 // dim)
+             + positions[:, None, :])  # (B', H, W)
+    return vectors.index_select(0, index.flatten()).view(*index.shape, dim)
 
 
 class _RollingLayer(DynamicLayer):
@@ -301,7 +318,7 @@ def _gqa_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
             keys = level.mask.shape[-1]  # the last key the level's queries may see
             q, k, v = query[:, :, level.lo : level.hi], key[:, :, :keys], value[:, :, :keys]
             if level.rows is not None:  # gathered: this level's rows only
-                q, k, v = q[level.rows], k[level.rows], v[level.rows]
+                q, k, v = (x.index_select(0, level.rows) for x in (q, k, v))
             part = F.scaled_dot_product_attention(q, k, v, attn_mask=level.mask, scale=scaling,
                                                   enable_gqa=kv_heads != heads)  # (r, H, hi - lo, D)
             if level.rows is None:
@@ -750,11 +767,8 @@ class TorchSession:
         room = self._room_ahead(width) if width else 0
         idx_room = torch.cat([idx, idx[:, :1].expand(-1, room)], 1) if room else idx  # (B, W + room)
         for layer in self._layers():
-            shape = (-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
-            k_idx = idx_room[:, None, :, None].expand(*shape)  # (B, H, W + room, D)
-            if order is not None:
-                layer.keys, layer.values = layer.keys[idx_rows], layer.values[idx_rows]
-            keys, values = layer.keys.gather(2, k_idx), layer.values.gather(2, k_idx)
+            keys, values = _gather_positions(layer.keys, idx_rows, idx_room), _gather_positions(layer.values, idx_rows,
+                                                                                               idx_room)
             layer.keys, layer.values = keys.narrow(2, 0, width), values.narrow(2, 0, width)
             if isinstance(layer, _RollingLayer):
                 layer.key_buf, layer.value_buf = keys, values
