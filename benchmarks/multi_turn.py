@@ -23,7 +23,12 @@ stays visible (they agree to well under 1%). Replaying one fixed action sequence
 processor of our own, an overhead no real framework pays. A trained policy was not chosen either:
 it stops at different turns on each side, so the two would not do the same work.
 
-Per horizon the two are timed in turn (`--repeats` rounds, median), after a warm-up of both.
+Per horizon the two are timed in turn (`--repeats` repeats, median), after a warm-up of both. Each repeat
+exposes both sides to the same stretch of the machine: one baseline round, and around it engine rounds for as long
+(half before, half after; the repeat's engine time is their mean). A 32-turn engine round lasts seconds and a
+baseline round a minute and a half, and this machine's speed drifts by 10-30% over minutes (the engine's rounds of
+one run took 6.6 to 8.1 s while the baseline's held within 2%): timed once each, an engine round samples an instant
+where a baseline round averages its minute and a half.
 Time per episode is fitted as `a * turns^k` for each side. Re-encoding the history makes the
 baseline's tokens processed grow as turns^2 (k near 2). The engine processes each token once, so
 its forwards grow linearly, but every token still attends to the whole context before it, and
@@ -52,11 +57,13 @@ memory bandwidth) and the per-forward cost of the layers.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -70,6 +77,7 @@ from agentrl.rollout import rollout
 from agentrl.stages.sft import expert_texts
 
 RESULTS = Path(__file__).resolve().parent / "results"
+MAX_ENGINE_ROUNDS = 24  # a repeat's engine rounds at most (the shortest horizons' rounds last a fraction of a second)
 MODEL = TinyModelConfig(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
                         num_key_value_heads=2, max_position_embeddings=4096)
 
@@ -163,6 +171,13 @@ def baseline_episodes(policy: Policy, locks: int, seeds: list[int], new_tokens: 
     return [len(h) for h in history]
 
 
+def timed(run: Callable[[], list[int]]) -> tuple[float, list[int]]:
+    """`run()`'s wall time in seconds, and what it returned."""
+    t0 = time.perf_counter()
+    out = run()
+    return time.perf_counter() - t0, out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--locks", type=int, nargs="+", default=[2, 8, 16, 20], help="horizons: 2*locks turns each")
@@ -191,24 +206,40 @@ def main() -> None:
 
     rows = []
     for locks in args.locks:
-        secs: dict[str, list[float]] = {side: [] for side in sides}
+        secs: dict[str, list[float]] = {side: [] for side in sides}  # per repeat
+        rounds: list[list[float]] = []  # each repeat's engine rounds
         tokens: dict[str, list[int]] = {}
         counts: dict[str, int] = {}
+
+        engine_run = functools.partial(engine_episodes, policy, locks, seeds, args.new_tokens, counts)
+        before = 1  # engine rounds ahead of the baseline's: one at first, then half the last baseline round's time
         for _ in range(args.repeats):
-            for name in sides:
-                t0 = time.perf_counter()
-                if name == "engine":
-                    tokens[name] = engine_episodes(policy, locks, seeds, args.new_tokens, counts)
-                else:
-                    tokens[name] = baseline_episodes(policy, locks, seeds, args.new_tokens)
-                secs[name].append(time.perf_counter() - t0)
+            if args.engine_only:
+                t, tokens["engine"] = timed(engine_run)
+                rounds.append([t])
+            else:
+                around = []
+                for _ in range(before):
+                    t, tokens["engine"] = timed(engine_run)
+                    around.append(t)
+                base, tokens["baseline"] = timed(functools.partial(baseline_episodes, policy, locks, seeds,
+                                                                   args.new_tokens))
+                secs["baseline"].append(base)
+                after: list[float] = []
+                while not after or (sum(after) < base / 2 and len(around) + len(after) < MAX_ENGINE_ROUNDS):
+                    t, tokens["engine"] = timed(engine_run)
+                    after.append(t)
+                rounds.append(around + after)
+                before = max(1, min(MAX_ENGINE_ROUNDS // 2, round(base / 2 / statistics.mean(rounds[-1]))))
+            secs["engine"].append(statistics.mean(rounds[-1]))
         eng = statistics.median(secs["engine"])
         row = {
             "locks": locks, "turns": 2 * locks,
             "engine_episodes_per_s": round(args.episodes / eng, 2),
             "engine_s_per_episode": round(eng / args.episodes, 4),
             "engine_tokens_per_episode": round(statistics.mean(tokens["engine"]), 1),
-            "engine_s": [round(s, 3) for s in secs["engine"]],
+            "engine_s": [round(s, 3) for s in secs["engine"]],  # each repeat's mean round
+            "engine_rounds_s": [[round(s, 3) for s in r] for r in rounds],
             # rows x cache width summed over the engine's forwards: the share of it that was padding (holes)
             "engine_forwards": counts["forwards"],
             "engine_ms_per_forward": round(1000 * eng / counts["forwards"], 2),
@@ -268,6 +299,9 @@ def main() -> None:
         "episodes": args.episodes,
         "new_tokens": args.new_tokens,
         "repeats": args.repeats,
+        "engine_timing": None if args.engine_only else (
+            "per repeat, the mean of engine rounds run around one baseline round for about as long as it (half "
+            "before, half after), so that both sides see the same stretch of the machine; the median over repeats"),
         "threads": torch.get_num_threads(),
         "horizons": rows,
         "engine_time_exponent": None if exponent["engine"] is None else round(exponent["engine"], 3),

@@ -238,21 +238,29 @@ def test_rollout_stats_carry_the_sessions_padding_counts(vault_policy):
     assert 0 <= stats.positions_padding < stats.positions_attended
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "llama-lora"])
+@pytest.mark.parametrize("arch", ["llama", "llama-bias", "llama-bf16", "qwen2", "qwen3", "llama-lora"])
 def test_layers_called_in_turn_match_the_model_bit_for_bit(arch):
-    """The engine calls a llama-family decoder's layers in turn instead of the model (`_run_layers`): over three
-    turns of uneven observations (packed chunks, decode steps, sampling at T=1) the tokens, log-probs and
-    turn-critic hidden states are exactly those of the engine calling the model itself. With LoRA (peft) the
-    adapters, which change the samples, are in both."""
+    """The engine calls a llama-family decoder's layers in turn instead of the model (`_run_layers`), and runs each
+    layer's ops itself (`_layer`): over three turns of uneven observations (packed chunks, decode steps, sampling at
+    T=1) the tokens, log-probs and turn-critic hidden states are exactly those of the engine calling the layers as
+    modules, and of the engine calling the model itself. Biases (llama's optional ones, qwen2's), qwen3's per-head
+    norms and a bf16 engine each take their own ops; with LoRA (peft) the adapters, which change the samples, are in
+    all three."""
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(1)
     shape = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=512)
-    config, cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-                   "qwen3": (Qwen3Config, Qwen3ForCausalLM), "llama-lora": (LlamaConfig, LlamaForCausalLM)}[arch]
+    if arch == "llama-bias":
+        shape.update(attention_bias=True, mlp_bias=True)
+    config, cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}.get(
+        arch, (LlamaConfig, LlamaForCausalLM))
     model = cls(config(**shape)).eval()
+    if arch == "llama-bias":  # transformers starts biases at zero: make them matter
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                torch.nn.init.normal_(p, std=0.5)
     if arch == "llama-lora":
         model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "down_proj"]))
         for name, p in model.named_parameters():
@@ -263,10 +271,12 @@ def test_layers_called_in_turn_match_the_model_bit_for_bit(arch):
     prompts = [torch.randint(2, 64, (4 + 3 * r,), generator=g).tolist() for r in range(4)]
     obs = [[torch.randint(2, 64, (1 + 9 * ((r + k) % 3),), generator=g).tolist() for r in range(4)] for k in range(3)]
     runs = []
-    for direct in (True, False):
-        engine = TorchEngine(model, SamplingConfig(max_new_tokens=5), [], 1, 0, seed=9, capture_hidden=True)
-        assert engine.decoder is not None
-        if not direct:
+    for way in ("ops", "layers", "model"):
+        engine = TorchEngine(model, SamplingConfig(max_new_tokens=5), [], 1, 0, seed=9, capture_hidden=True,
+                             dtype="bf16" if arch == "llama-bf16" else "auto")
+        assert engine.decoder is not None and engine.inline_layers
+        engine.inline_layers = way == "ops"
+        if way == "model":
             engine.decoder = None
         session = engine.open(prompts)
         gens = []
@@ -275,7 +285,7 @@ def test_layers_called_in_turn_match_the_model_bit_for_bit(arch):
             session.extend(obs[k])
         assert session.tokens_packed_out > 0
         runs.append(gens)
-    assert runs[0] == runs[1]
+    assert runs[0] == runs[1] == runs[2]
     if arch == "llama-lora":  # the adapters were in the samples
         with model.disable_adapter():
             engine = TorchEngine(model, SamplingConfig(max_new_tokens=5), [], 1, 0, seed=9, capture_hidden=True)

@@ -348,19 +348,85 @@ def _decoder(model: torch.nn.Module) -> torch.nn.Module | None:
     return base
 
 
+# the decoder layers `_layer` runs: pre-norm attention and a SwiGLU MLP, RMSNorm, rotary positions (qwen3: each head's
+# query and key normed first)
+_LAYERS = {"LlamaDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer"}
+_NORMS = {"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
+
+
+def _inline_layers(base: torch.nn.Module) -> bool:
+    """Can `_layer` run each of the decoder's layers in its place: every layer, norm and activation the kind it
+    computes, and no hub kernels swapped in for the model's own forwards?"""
+    if getattr(base.config, "hidden_act", None) != "silu" or getattr(base, "use_kernels", False):
+        return False
+    for layer in base.model.layers:
+        attn = layer.self_attn
+        norms = [layer.input_layernorm, layer.post_attention_layernorm] + [
+            getattr(attn, n) for n in ("q_norm", "k_norm") if hasattr(attn, n)]
+        if (type(layer).__name__ not in _LAYERS or any(type(n).__name__ not in _NORMS for n in norms)
+                or hasattr(attn, "q_norm") != (type(layer).__name__ == "Qwen3DecoderLayer")):
+            return False
+    return True
+
+
+def _norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The llama family's RMSNorm, op for op: normalized in fp32, scaled in the input's dtype."""
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + module.variance_epsilon)
+    return module.weight * h.to(x.dtype)
+
+
+def _linear(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A projection: a plain `nn.Linear` by its weights, anything else (a peft LoRA layer) by calling it."""
+    return F.linear(x, module.weight, module.bias) if type(module) is torch.nn.Linear else module(x)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+
+
+def _layer(layer: torch.nn.Module, hidden: torch.Tensor, mask: torch.Tensor | None, cos: torch.Tensor,
+           sin: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+    """One llama-family decoder layer (`_LAYERS`) under the engine's attention: the ops its modules run, in their
+    order, called here rather than through its ten module calls, rotary and kernel-hub wrappers. A decode step is
+    ~300 small ops where the tiny policy's matmuls take under a millisecond, and the wrappers cost ~0.5 ms of a
+    ~3.5 ms step (32 rows, a short cache). `test_layers_called_in_turn_match_the_model_bit_for_bit` holds the
+    samples, log-probs and hidden states equal to the model's own forward."""
+    attn, mlp = layer.self_attn, layer.mlp
+    shape = (*hidden.shape[:-1], -1, attn.head_dim)  # (b, s, heads, D)
+    x = _norm(layer.input_layernorm, hidden)
+    q, k = _linear(attn.q_proj, x).view(shape), _linear(attn.k_proj, x).view(shape)
+    if hasattr(attn, "q_norm"):  # qwen3
+        q, k = _norm(attn.q_norm, q), _norm(attn.k_norm, k)
+    v = _linear(attn.v_proj, x).view(shape).transpose(1, 2)
+    q, k = _rotate(q.transpose(1, 2), cos, sin), _rotate(k.transpose(1, 2), cos, sin)  # (b, heads, s, D)
+    k, v = cache.update(k, v, attn.layer_idx)
+    out, _ = _gqa_sdpa(attn, q, k, v, mask, scaling=attn.scaling)  # (b, s, heads, D)
+    hidden = hidden + _linear(attn.o_proj, out.reshape(*hidden.shape[:-1], -1))
+    x = _norm(layer.post_attention_layernorm, hidden)
+    return hidden + _linear(mlp.down_proj, F.silu(_linear(mlp.gate_proj, x)) * _linear(mlp.up_proj, x))
+
+
 def _run_layers(base: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor | None, position_ids: torch.Tensor,
-                cache: DynamicCache, cache_kwarg: str, last: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+                cache: DynamicCache, cache_kwarg: str, last: torch.Tensor | None,
+                inline: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The logits (b, V) and final hidden states (b, H) that `base(...)` computes at each row's last position (or at
     the packed positions `last` of a (1, N) sequence), calling its modules in turn: the embedding, the rotary tables,
-    each decoder layer, the final norm, the LM head. The same modules on the same numbers, without the model-level
-    wrappers (output capture, config defaults, deprecated-argument checks), which cost ~0.5 ms of a 4-layer decode
-    step's ~6.5 ms on CPU (tests/test_engine_padding.py checks the logits and the cache bit for bit)."""
+    each decoder layer (`inline`: its ops, `_layer`), the final norm, the LM head. The same ops on the same numbers,
+    without the model-level wrappers (output capture, config defaults, deprecated-argument checks), which cost
+    ~0.5 ms of a 4-layer decode step's ~6.5 ms on CPU (tests/test_engine_padding.py checks the logits and the cache
+    bit for bit)."""
     inner = base.model
     hidden = inner.embed_tokens(ids)
     rotary = inner.rotary_emb(hidden, position_ids)
+    cos, sin = rotary[0][:, None], rotary[1][:, None]  # (b, 1, s, D): broadcast over the heads
     for layer in inner.layers[: inner.config.num_hidden_layers]:
-        hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, use_cache=True,
-                       position_embeddings=rotary, **{cache_kwarg: cache})
+        if inline:
+            hidden = _layer(layer, hidden, mask, cos, sin, cache)
+        else:
+            hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, use_cache=True,
+                           position_embeddings=rotary, **{cache_kwarg: cache})
     hidden = inner.norm(hidden[:, -1] if last is None else hidden[0, last])  # (b, H)
     return base.lm_head(hidden), hidden
 
@@ -442,11 +508,14 @@ class TorchEngine:
         # of the chunk's columns are pads (observations are ~30 or ~62 tokens). This supersedes feeding the longest
         # chunks' heads alone (`_feed_heads`), which costs a forward per row. Level costs in query-key pairs,
         # measured on CPU with the tiny policy (32 rows, 62-column chunks, 2,000 cached positions): gathering a
-        # row's keys and values costs ~10 pairs per position (72 against 7 ns), an SDPA call ~6,000 pairs (40 us).
+        # row's keys and values by `index_select` costs ~3.5 pairs per position (25 against 7 ns a pair; advanced
+        # indexing took 72 ns), an SDPA call ~6,000 pairs (40 us).
         self.skip_chunk_padding = self.gqa_attention is not None
         # Under the engine's attention the forward calls the decoder's layers in turn (`_run_layers`), not the model.
         self.decoder = _decoder(self.model) if self.gqa_attention is not None else None
-        self.level_gather_cost = 10.0
+        # ... and, for the llama family's own layers, runs each layer's ops itself (`_layer`)
+        self.inline_layers = self.decoder is not None and _inline_layers(self.decoder)
+        self.level_gather_cost = 3.5
         self.level_call_cost = 6000.0
         # Each row samples from a stream of its own: a counter-based generator keyed by the session
         # and the caller's row index, so a row's tokens do not depend on which rows share its batch
@@ -685,7 +754,8 @@ class TorchSession:
             with _attention(eng.model, attention):
                 if attention is not None and eng.decoder is not None:
                     logits, last_hidden = _run_layers(eng.decoder, model_ids, mask, model_pos, g.cache,
-                                                      eng.cache_kwarg, keep["logits_to_keep"] if packed else None)
+                                                      eng.cache_kwarg, keep["logits_to_keep"] if packed else None,
+                                                      eng.inline_layers)
                 else:
                     out = eng.model(
                         input_ids=model_ids, attention_mask=mask, position_ids=model_pos, use_cache=True,
