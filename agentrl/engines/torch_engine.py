@@ -837,8 +837,7 @@ class TorchSession:
         room = self._room_ahead(width) if width else 0
         idx_room = torch.cat([idx, idx[:, :1].expand(-1, room)], 1) if room else idx  # (B, W + room)
         for layer in self._layers():
-            keys, values = _gather_positions(layer.keys, idx_rows, idx_room), _gather_positions(layer.values, idx_rows,
-                                                                                               idx_room)
+            keys, values = (_gather_positions(t, idx_rows, idx_room) for t in (layer.keys, layer.values))
             layer.keys, layer.values = keys.narrow(2, 0, width), values.narrow(2, 0, width)
             if isinstance(layer, _RollingLayer):
                 layer.key_buf, layer.value_buf = keys, values
