@@ -27,7 +27,10 @@ their own instead (`_feed_heads`). The holes are squeezed out of the cache when 
 from __future__ import annotations
 
 import copy
+import ctypes
 import inspect
+import os
+import platform
 from collections.abc import Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -75,6 +78,36 @@ def sample_tokens(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Ge
         target = (uniforms.to(cdf.dtype) * cdf[:, -1])[:, None]  # (B, 1)
         tok = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+_MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "AGENTRL_SYSTEM_MALLOC")
+_malloc_tuned = False
+
+
+def keep_freed_memory() -> bool:
+    """Let glibc's malloc hand freed blocks of up to 32 MB back to the next allocation instead of to the kernel.
+
+    The engine's largest tensors are allocated afresh every few turns (a grown cache buffer, a compacted cache:
+    tens of MB per layer at 32 Vault turns). By default glibc gives such blocks memory mapped for them alone, and
+    returns it when freed; every new one is then faulted in page by page (126,000 faults in a 32-turn round of
+    benchmarks/multi_turn.py, ~0.35 s of a 7 s round in this VM). With the mmap threshold at glibc's maximum (32 MB)
+    and a trim threshold of 512 MB the same round faults 67,000 times. Process-wide, once, only under glibc and only
+    where the user has not set these knobs (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_) or opted out
+    (AGENTRL_SYSTEM_MALLOC=1). Returns whether it is in effect. docs/engine.md, "Memory"."""
+    global _malloc_tuned
+    if _malloc_tuned:
+        return True
+    if (platform.system() != "Linux" or platform.libc_ver()[0] != "glibc"
+            or any(os.environ.get(name) for name in _MALLOC_ENV)):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    _malloc_tuned = bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, 512 << 20))
+    return _malloc_tuned
 
 
 def _signed(x: int) -> int:
@@ -480,6 +513,8 @@ class TorchEngine:
         self.eos_id = eos_id
         self.pad_id = pad_id
         self.device = next(model.parameters()).device
+        if self.device.type == "cpu":  # the cache lives in host memory: reuse freed blocks, do not fault them in anew
+            keep_freed_memory()
         # With holes in the cache, the engine builds the 4D mask itself, additive (0 / -inf) in the model's dtype:
         # transformers would expand the 2D mask to a boolean 4D one every forward, and SDPA converts a boolean mask
         # to an additive one in every layer, a pass over (rows, chunk, cache) each time: 16% of an observation
