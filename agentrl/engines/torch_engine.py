@@ -94,7 +94,7 @@ def keep_freed_memory() -> bool:
     benchmarks/multi_turn.py, ~0.35 s of a 7 s round in this VM). With the mmap threshold at glibc's maximum (32 MB)
     and a trim threshold of 512 MB the same round faults 67,000 times. Process-wide, once, only under glibc and only
     where the user has not set these knobs (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_) or opted out
-    (AGENTRL_SYSTEM_MALLOC=1). Returns whether it is in effect. docs/engine.md, "Memory"."""
+    (AGENTRL_SYSTEM_MALLOC=1). Returns whether it is in effect. docs/benchmarks.md, "Many turns"."""
     global _malloc_tuned
     if _malloc_tuned:
         return True
