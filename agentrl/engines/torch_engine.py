@@ -81,7 +81,7 @@ def sample_tokens(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Ge
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
-_MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "AGENTRL_SYSTEM_MALLOC")
+_MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")  # the user's own settings win
 _malloc_tuned = False
 
 
@@ -90,16 +90,17 @@ def keep_freed_memory() -> bool:
 
     The engine's largest tensors are allocated afresh every few turns (a grown cache buffer, a compacted cache:
     tens of MB per layer at 32 Vault turns). By default glibc gives such blocks memory mapped for them alone, and
-    returns it when freed; every new one is then faulted in page by page (126,000 faults in a 32-turn round of
-    benchmarks/multi_turn.py, ~0.35 s of a 7 s round in this VM). With the mmap threshold at glibc's maximum (32 MB)
-    and a trim threshold of 512 MB the same round faults 67,000 times. Process-wide, once, only under glibc and only
-    where the user has not set these knobs (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_) or opted out
-    (AGENTRL_SYSTEM_MALLOC=1). Returns whether it is in effect. docs/benchmarks.md, "Many turns"."""
+    returns it when freed; every new one is then faulted in page by page (120,000 faults in a 32-turn round of
+    benchmarks/multi_turn.py). With the mmap threshold at glibc's maximum (32 MB) and a trim threshold of 512 MB the
+    same round faults 72,000 times and takes 7.16 s against 7.41 s (A/B of processes in turn). Process-wide, once,
+    only under glibc and only where the user has not set these knobs (MALLOC_MMAP_THRESHOLD_,
+    MALLOC_TRIM_THRESHOLD_) or opted out (AGENTRL_SYSTEM_MALLOC=1). Returns whether it is in effect.
+    docs/benchmarks.md, "Many turns"."""
     global _malloc_tuned
     if _malloc_tuned:
         return True
     if (platform.system() != "Linux" or platform.libc_ver()[0] != "glibc"
-            or any(os.environ.get(name) for name in _MALLOC_ENV)):
+            or os.environ.get("AGENTRL_SYSTEM_MALLOC") == "1" or any(os.environ.get(name) for name in _MALLOC_ENV)):
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
