@@ -291,3 +291,31 @@ def test_layers_called_in_turn_match_the_model_bit_for_bit(arch):
             engine = TorchEngine(model, SamplingConfig(max_new_tokens=5), [], 1, 0, seed=9, capture_hidden=True)
             base = [(g.ids, g.logprobs, g.hidden) for g in engine.open(prompts).generate()]
         assert base != runs[0][: len(base)]
+
+
+def test_a_model_loaded_from_disk_runs_its_layers_inline_unless_a_hub_kernel_replaced_one(context_model, tmp_path):
+    """transformers kernelizes every model it loads while `kernels` is installed, so `use_kernels` is True for each
+    model read from disk even where no kernel replaced anything (offline, or a CPU with no mapped kernel). Such a
+    model runs its layers' ops in the engine (`_layer`), with the samples of the module calls; a model one of whose
+    norms a hub kernel did replace (the mark kernels leaves, as its own `get_kernelized_layers` reads it) is called
+    through its modules."""
+    context_model.save_pretrained(tmp_path)
+    loaded = LlamaForCausalLM.from_pretrained(tmp_path).eval()
+    prompts = [[3, 4, 5], [6, 7, 8, 9, 10]]
+
+    def samples(inline: bool) -> list:
+        engine = TorchEngine(loaded, SamplingConfig(max_new_tokens=4), [], 1, 0, seed=3)
+        assert engine.inline_layers
+        engine.inline_layers = inline
+        return [(g.ids, g.logprobs) for g in engine.open(prompts).generate()]
+
+    assert samples(inline=True) == samples(inline=False)
+
+    norm = loaded.model.layers[1].post_attention_layernorm
+    vars(norm)["_kernel_repo"] = "kernels-community/some-rmsnorm"  # what kernelize records beside its forward
+    try:
+        kernels = pytest.importorskip("kernels")
+        assert kernels.get_kernelized_layers(loaded).layers  # kernels reads the same mark
+        assert not TorchEngine(loaded, SamplingConfig(max_new_tokens=4), [], 1, 0, seed=3).inline_layers
+    finally:
+        del vars(norm)["_kernel_repo"]

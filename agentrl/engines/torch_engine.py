@@ -388,10 +388,25 @@ _LAYERS = {"LlamaDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer"}
 _NORMS = {"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
 
 
+def _hub_kernels(model: torch.nn.Module) -> bool:
+    """Has the `kernels` library swapped a hub kernel in for any of the model's layers or functions?
+
+    transformers kernelizes every model it loads while `kernels` is installed (its dependency), so `use_kernels` is
+    True for any model from disk; on a device without a mapped kernel, or offline, kernelize keeps each module's own
+    forward. Only a module that kept a kernel's repository ran something else. Reading the flag instead had kept
+    every loaded model off `_layer`: 4% of a 32-turn rollout round (docs/benchmarks.md, "Many turns")."""
+    for module in model.modules():
+        funcs = getattr(module, "_kernel_funcs", None)
+        if "_kernel_repo" in vars(module) or (
+                isinstance(funcs, dict) and any("_kernel_repo" in vars(f) for f in funcs.values())):
+            return True
+    return False
+
+
 def _inline_layers(base: torch.nn.Module) -> bool:
     """Can `_layer` run each of the decoder's layers in its place: every layer, norm and activation the kind it
     computes, and no hub kernels swapped in for the model's own forwards?"""
-    if getattr(base.config, "hidden_act", None) != "silu" or getattr(base, "use_kernels", False):
+    if getattr(base.config, "hidden_act", None) != "silu" or _hub_kernels(base):
         return False
     for layer in base.model.layers:
         attn = layer.self_attn
