@@ -94,6 +94,7 @@ def engine_episodes(policy: Policy, locks: int, seeds: list[int], new_tokens: in
     opened = engine.open
     engine.open = lambda prompts: sessions.append(opened(prompts)) or sessions[-1]
     episodes, _ = rollout(envs, seeds, engine, chat)
+    del engine.open  # the wrapper holds the sessions, which hold the engine: no cycle left for the cyclic GC to find
     assert all(e.num_turns == 2 * locks and e.truncated for e in episodes), "an episode ended before its turn budget"
     assert all(len(t.action_ids) == new_tokens for e in episodes for t in e.turns)
     if counts is not None:
@@ -186,7 +187,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--engine-only", action="store_true", help="time the engine alone (no baseline, no ratio)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 4 and 16 turns, 16 episodes, 1 round")
-    ap.add_argument("--out", default="/tmp/agentrl-bench-multi-turn")
+    ap.add_argument("--out", default="/tmp/agentrl-bench-multi-turn",
+                    help="where the tiny policy is built (the JSON always goes to benchmarks/results/)")
     args = ap.parse_args()
     if args.quick:
         args.locks, args.episodes, args.repeats = [2, 8], 16, 1
