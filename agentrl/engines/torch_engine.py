@@ -91,9 +91,10 @@ def keep_freed_memory() -> bool:
 
     The engine's largest tensors are allocated afresh every few turns (a grown cache buffer, a compacted cache:
     tens of MB per layer at 32 Vault turns). By default glibc gives such blocks memory mapped for them alone, and
-    returns it when freed; every new one is then faulted in page by page (120,000 faults in a 32-turn round of
-    benchmarks/multi_turn.py). With the mmap threshold at glibc's maximum (32 MB) and a trim threshold of 512 MB the
-    same round faults 72,000 times and takes 7.16 s against 7.41 s (A/B of processes in turn). Process-wide, once,
+    returns it when freed; every new one is then faulted in page by page. With the mmap threshold at glibc's maximum
+    (32 MB) and a trim threshold of 512 MB, a warm 32-turn round of benchmarks/multi_turn.py faults ~300 times
+    against 6,000-66,000 (3 pairs of processes in turn, 4 warm rounds each), for ~200 MB more resident memory; the
+    rounds' time moved by less than this machine's drift. Process-wide, once,
     only under glibc and only where the user has not set these knobs (MALLOC_MMAP_THRESHOLD_,
     MALLOC_TRIM_THRESHOLD_) or opted out (AGENTRL_SYSTEM_MALLOC=1). Returns whether it is in effect.
     docs/benchmarks.md, "Many turns"."""
