@@ -417,14 +417,17 @@ def _hub_kernels(model: torch.nn.Module) -> bool:
 
     transformers kernelizes every model it loads while `kernels` is installed (its dependency), so `use_kernels` is
     True for any model from disk; on a device without a mapped kernel, or offline, kernelize keeps each module's own
-    forward. Only a module that kept a kernel's repository ran something else. Reading the flag instead had kept
-    every loaded model off `_layer`: 4% of a 32-turn rollout round (docs/benchmarks.md, "Many turns")."""
-    for module in model.modules():
-        funcs = getattr(module, "_kernel_funcs", None)
-        if "_kernel_repo" in vars(module) or (
-                isinstance(funcs, dict) and any("_kernel_repo" in vars(f) for f in funcs.values())):
-            return True
-    return False
+    forward. `kernels`' own inspector lists only what a kernel did replace. Reading the flag instead had kept every
+    loaded model off `_layer`: 4% of a 32-turn rollout round (docs/benchmarks.md, "Many turns")."""
+    try:
+        import kernels
+    except ImportError:  # nothing can have been swapped in
+        return False
+    inspector = getattr(kernels, "get_kernelized_layers", None)
+    if inspector is None:  # a kernels too old to say: trust the flag, as before
+        return bool(getattr(model, "use_kernels", False))
+    found = inspector(model)
+    return bool(found.layers or found.funcs)
 
 
 def _inline_layers(base: torch.nn.Module) -> bool:
