@@ -347,3 +347,15 @@ def test_a_finished_session_is_freed_without_the_cyclic_gc(context_model):
         assert [r() is None for r in refs] == [True, True, True]
     finally:
         gc.enable()
+
+
+def test_a_kernels_without_its_inspector_keeps_a_loaded_model_on_its_module_calls(context_model, tmp_path, monkeypatch):
+    """Where `kernels` cannot say what it replaced (a version without `get_kernelized_layers`), the engine trusts
+    transformers' `use_kernels` flag, as it did before it asked: a loaded model is called through its modules."""
+    kernels = pytest.importorskip("kernels")
+    context_model.save_pretrained(tmp_path)
+    loaded = LlamaForCausalLM.from_pretrained(tmp_path).eval()
+    if not loaded.use_kernels:
+        pytest.skip("this transformers did not kernelize the loaded model")
+    monkeypatch.delattr(kernels, "get_kernelized_layers")
+    assert not TorchEngine(loaded, SamplingConfig(max_new_tokens=2), [], 1, 0, seed=3).inline_layers
