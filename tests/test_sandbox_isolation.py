@@ -150,10 +150,14 @@ def test_invisible_from_a_virtualenv_too(markers, tmp_path):
 
 @needs_view
 def test_host_unix_sockets_are_unreachable():
-    """A socket file anyone may connect to (mode 0777) under /run and under the host's /tmp, and
-    an abstract socket: none accepts a connection from a run."""
+    """A socket file anyone may connect to (mode 0777) under /run (an ordinary user: its own runtime folder,
+    /run/user/<uid>, where one exists) and under the host's /tmp, and an abstract socket: none accepts a connection
+    from a run."""
     listeners, paths = [], []
-    dirs = [tempfile.mkdtemp(prefix="agentrl-sock-", dir=d) for d in ("/run", "/tmp") if os.path.isdir(d)]
+    places = ("/run", os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}", "/tmp")
+    dirs = [tempfile.mkdtemp(prefix="agentrl-sock-", dir=d) for d in dict.fromkeys(places)
+            if os.path.isdir(d) and os.access(d, os.W_OK)]
+    assert dirs, f"none of {places} is writable here"
     try:
         for d in dirs:
             os.chmod(d, 0o777)
