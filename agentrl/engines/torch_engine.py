@@ -446,7 +446,12 @@ def _inline_layers(base: torch.nn.Module) -> bool:
 
 
 def _norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The llama family's RMSNorm, op for op: normalized in fp32, scaled in the input's dtype."""
+    """The llama family's RMSNorm, op for op: normalized in fp32, scaled in the input's dtype. In fp32 throughout,
+    torch's own `rms_norm` computes the same numbers in one call where the module runs six ops (checked bit for bit
+    by `test_layers_called_in_turn_match_the_model_bit_for_bit`); a bf16 model rounds between the two scalings, which
+    `rms_norm` would not."""
+    if x.dtype == torch.float32 and module.weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), module.weight, module.variance_epsilon)
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + module.variance_epsilon)
     return module.weight * h.to(x.dtype)
@@ -457,13 +462,21 @@ def _linear(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, module.weight, module.bias) if type(module) is torch.nn.Linear else module(x)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """The rotary sine with its first half negated, for `_rotate` (once per forward, for every layer)."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), -1)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary positions as transformers applies them, x * cos + rotate_half(x) * sin, with rotate_half's negation
+    moved onto the sine (`_signed_sin`): (-a) * b and a * (-b) are the same float, and a roll of the halves is one op
+    where rotate_half is four."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
 
 
 def _layer(layer: torch.nn.Module, hidden: torch.Tensor, mask: torch.Tensor | None, cos: torch.Tensor,
-           sin: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+           signed_sin: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
     """One llama-family decoder layer (`_LAYERS`) under the engine's attention: the ops its modules run, in their
     order, called here rather than through its ten module calls, rotary and kernel-hub wrappers. A decode step is
     ~300 small ops where the tiny policy's matmuls take under a millisecond, and the wrappers cost ~0.5 ms of a
@@ -476,7 +489,7 @@ def _layer(layer: torch.nn.Module, hidden: torch.Tensor, mask: torch.Tensor | No
     if hasattr(attn, "q_norm"):  # qwen3
         q, k = _norm(attn.q_norm, q), _norm(attn.k_norm, k)
     v = _linear(attn.v_proj, x).view(shape).transpose(1, 2)
-    q, k = _rotate(q.transpose(1, 2), cos, sin), _rotate(k.transpose(1, 2), cos, sin)  # (b, heads, s, D)
+    q, k = _rotate(q.transpose(1, 2), cos, signed_sin), _rotate(k.transpose(1, 2), cos, signed_sin)  # (b, heads, s, D)
     k, v = cache.update(k, v, attn.layer_idx)
     out, _ = _gqa_sdpa(attn, q, k, v, mask, scaling=attn.scaling)  # (b, s, heads, D)
     hidden = hidden + _linear(attn.o_proj, out.reshape(*hidden.shape[:-1], -1))
@@ -496,10 +509,11 @@ def _run_layers(base: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor | N
     inner = base.model
     hidden = inner.embed_tokens(ids)
     rotary = inner.rotary_emb(hidden, position_ids)
-    cos, sin = rotary[0][:, None], rotary[1][:, None]  # (b, 1, s, D): broadcast over the heads
+    if inline:
+        cos, signed_sin = rotary[0][:, None], _signed_sin(rotary[1][:, None])  # (b, 1, s, D): broadcast over the heads
     for layer in inner.layers[: inner.config.num_hidden_layers]:
         if inline:
-            hidden = _layer(layer, hidden, mask, cos, sin, cache)
+            hidden = _layer(layer, hidden, mask, cos, signed_sin, cache)
         else:
             hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, use_cache=True,
                            position_embeddings=rotary, **{cache_kwarg: cache})
@@ -687,6 +701,9 @@ class _Group:
     mask_buf: torch.Tensor | None
     holes: bool
     window: bool  # a view of the session's buffers (else the session's own cache and mask)
+    # the decode steps' additive mask (b, 1, 1, L - start), kept across the turn's steps (`_decode_mask`)
+    additive: torch.Tensor | None = None
+    additive_buf: torch.Tensor | None = None
 
 
 def _common_prefix(seqs: Sequence[Sequence[int]]) -> int:
@@ -816,7 +833,7 @@ class TorchSession:
         if eng.mask_dtype is None:
             mask = g.mask if g.holes else None
         elif g.holes or (chunk > 1 and past):
-            mask = _additive_mask(g.mask, chunk, eng.mask_dtype)
+            mask = _additive_mask(g.mask, chunk, eng.mask_dtype) if chunk > 1 else self._decode_mask(chunk_mask)
             attention = eng.gqa_attention  # a decode step too: repeat_kv at one query is most of SDPA's cost
         elif chunk == 1:
             attention = eng.gqa_attention  # no mask: the group's heads still fold into one read of the cache
@@ -863,6 +880,23 @@ class TorchSession:
         if hidden:  # the state at the last context token, which a turn critic reads
             self.turn_hidden = last_hidden.float()  # (b, H)
         return logits  # (b, V)
+
+    def _decode_mask(self, column: torch.Tensor) -> torch.Tensor:
+        """The additive mask (b, 1, 1, L) of a decode step whose fed column (b, 1) the group's mask now ends with:
+        the previous step's, with that column appended into room reserved for the turn's steps. Building it afresh
+        from the (b, L) mask at every step took ~0.14 ms of a ~12 ms step at 32 Vault turns."""
+        g, dtype = self._group, self.engine.mask_dtype
+        b, width = g.mask.shape
+        if g.additive is None or g.additive.shape[-1] != width - 1 or g.additive.dtype != dtype:
+            # the turn's first step: as `_additive_mask` makes it, in a buffer with room for the turn's other steps
+            buf = torch.zeros(b, 1, 1, width + self.engine.sampling.max_new_tokens, dtype=dtype, device=g.mask.device)
+            buf[:, 0, 0, :width].masked_fill_(g.mask == 0, float("-inf"))
+            g.additive, g.additive_buf = buf.narrow(-1, 0, width), buf
+            return g.additive
+        new = torch.zeros(b, 1, 1, 1, dtype=dtype, device=column.device)
+        new.masked_fill_(column[:, None, None] == 0, float("-inf"))  # (b, 1, 1, 1)
+        g.additive, g.additive_buf = _append(g.additive, g.additive_buf, new, 0, dim=-1)
+        return g.additive
 
     def _chunk_run(self, chunk_mask: torch.Tensor, spans: list[int], ends_real: bool,
                    mask: torch.Tensor) -> tuple[_Chunk, int]:
@@ -1228,17 +1262,21 @@ class TorchSession:
         stream = torch.tensor([self.key + (-1 if r is None else r) * 1_000_003 for r in self.slot_rows[g.lo : g.hi]],
                               dtype=torch.long, device=dev)  # (b,)
         drawn = self.drawn[g.lo : g.hi]  # a view: updated in place
+        # a row draws at every step until it stops, so its t-th draw of the turn is number drawn + t: the turn's
+        # uniforms in one go (b, N) rather than a splitmix of ~30 small ops per step
+        uniforms = None
+        if forced is None and cfg.temperature > 0:
+            steps = torch.arange(cfg.max_new_tokens, device=dev)
+            uniforms = row_uniforms(stream[:, None], drawn[:, None] + steps)  # (b, N)
         n = 0
         for t in range(cfg.max_new_tokens):
             if forced is None:
-                u = row_uniforms(stream, drawn) if cfg.temperature > 0 else None
-                tok, lp = sample_tokens(logits, cfg, uniforms=u)
+                tok, lp = sample_tokens(logits, cfg, uniforms=None if uniforms is None else uniforms[:, t])
             else:
                 tok = forced_t[:, t]
                 lp = torch.log_softmax(logits.float() / (cfg.temperature or 1.0), -1).gather(
                     -1, tok[:, None]).squeeze(-1)
             live = ~done  # rows that produce a real token at this step
-            drawn += live.long()
             tokens[:, t] = torch.where(live, tok, eng.pad_id)
             logps[:, t] = torch.where(live, lp, 0.0)
             count += live.long()
@@ -1247,6 +1285,7 @@ class TorchSession:
             if bool(done.all()) or n == cfg.max_new_tokens:
                 break
             logits = self._forward(tokens[:, t : t + 1], live.long()[:, None])
+        drawn += count  # one draw per token produced
         # the idle rows' pads: masked again, and not counted as positions
         self.pos[g.lo : g.hi] = torch.where(active, self.pos[g.lo : g.hi], before)
         if bool(idle.any()):
