@@ -126,6 +126,7 @@ def test_compaction_gathers_into_the_room_ahead(context_model, monkeypatch):
 
     engine = TorchEngine(model, SamplingConfig(temperature=0, max_new_tokens=4), [], 1, 0)
     engine.head_cost, engine.compact_cost = float("inf"), 0.0
+    engine.fill_holes = False  # chunks filling their rows' holes leave none to compact
     history = [rand(8) for _ in range(3)]
     session = engine.open([list(h) for h in history])
     for turn in range(6):
@@ -139,6 +140,40 @@ def test_compaction_gathers_into_the_room_ahead(context_model, monkeypatch):
         for row, o in zip(session.rows, obs):
             history[row] += o
     assert session.compactions > 0 and grew_after and not any(grew_after)
+
+
+def test_a_chunk_fills_its_rows_holes_before_it_widens_the_cache(context_model):
+    """Each turn another row's observation is the longest (12 tokens against 2), so the others' chunks leave holes.
+    Written into those holes, the cache stays exactly as wide as its longest row: by hand, 8 prompt tokens, then per
+    turn 4 action tokens (3 decoded here, the last fed with the next chunk) and the observation. Every row decodes
+    what re-encoding its history decodes, and without filling the cache is wider by the holes."""
+    model, g = context_model, torch.Generator().manual_seed(4)
+
+    def rand(n):
+        return torch.randint(2, model.config.vocab_size, (n,), generator=g).tolist()
+
+    widths = {}
+    for fill in (True, False):
+        g.manual_seed(4)
+        engine = TorchEngine(model, SamplingConfig(temperature=0, max_new_tokens=4), [], 1, 0)
+        engine.head_cost, engine.compact_cost, engine.fill_holes = float("inf"), 1e9, fill
+        history = [rand(8) for _ in range(3)]
+        session = engine.open([list(h) for h in history])
+        for turn in range(6):
+            for row, gen in zip(session.rows, session.generate()):
+                assert gen.ids == greedy_reencoded(model, history[row], 4), f"row {row}, turn {turn}, fill {fill}"
+                history[row] += gen.ids
+            obs = [rand(12 if row == turn % 3 else 2) for row in session.rows]
+            session.extend(obs)
+            for row, o in zip(session.rows, obs):
+                history[row] += o
+        session.generate()
+        widths[fill] = session.cache_len
+        assert session.compactions == 0
+    # 7 turns: 8 + 7 * 3 decoded tokens; the first turn's chunk is the prompt; six chunks of each row's last action
+    # token and its observation: the longest row's six are 13 + 3 + 3 + 13 + 3 + 3 (rows take the long one in turn)
+    assert widths[True] == 8 + 7 * 3 + 2 * 13 + 4 * 3
+    assert widths[False] == 8 + 7 * 3 + 6 * 13  # every chunk as wide as the turn's longest
 
 
 def vault_rollout(policy, engine: TorchEngine):
@@ -179,10 +214,11 @@ def test_mask_and_grouped_heads_change_no_sample(context_model):
 @pytest.mark.parametrize("mode", ["packed-levels", "heads-alone"])
 def test_vault_rollout_with_uneven_observations_matches_the_plain_engine(vault_policy, mode):
     """A multi-turn Vault rollout (observations of uneven length every turn, sampling at T=1): the engine with
-    its chunks packed and their attention in levels (or its heads fed alone), its cache compacted into reserved
-    room, its own mask and grouped heads samples what the plain engine samples, up to the last bit of a matmul run
-    at another batch size (at most one episode of 8 goes its own way after such a flip), with log-probs equal to
-    1e-5 wherever the tokens agree, and computes fewer of its attention's query-key pairs for padding."""
+    its chunks packed and their attention in levels, written into their rows' holes (or its heads fed alone), its
+    cache compacted into reserved room, its own mask and grouped heads samples what the plain engine samples, up to
+    the last bit of a matmul run at another batch size or over keys in another order (at most one episode of 8 goes
+    its own way after such a flip), with log-probs equal to 1e-5 wherever the tokens agree, and computes fewer of
+    its attention's query-key pairs for padding."""
     chat = vault_policy.chat
     sampling = SamplingConfig(max_new_tokens=8)
     fast = TorchEngine(vault_policy.model, sampling, [], chat.eos_id, chat.pad_id, seed=7)
@@ -196,7 +232,7 @@ def test_vault_rollout_with_uneven_observations_matches_the_plain_engine(vault_p
     if mode == "heads-alone":
         assert session.heads_fed > 0
     else:
-        assert session.chunks_in_levels > 0 and session.tokens_packed_out > 0
+        assert session.chunks_in_levels > 0 and session.tokens_packed_out > 0 and session.chunks_filled > 0
     assert [e.num_turns for e in eps] == [e.num_turns for e in ref]
     same = [a.token_ids() == b.token_ids() for a, b in zip(eps, ref)]
     assert sum(same) >= len(ref) - 1

@@ -174,6 +174,53 @@ class _Level:
 
 
 @dataclass
+class _Fill:
+    """Where a packed chunk's tokens go in the cache (`_fill_plan`): token n of the packed sequence into row rows[n],
+    position columns[n], after the cache has grown by `grow` positions (zeros, masked, for the rows that need fewer)."""
+
+    rows: torch.Tensor  # (N,)
+    columns: torch.Tensor  # (N,)
+    grow: int
+
+
+def _fill_plan(old: torch.Tensor, chunk_mask: torch.Tensor, index: torch.Tensor) -> _Fill:
+    """The positions a packed chunk takes: each row's holes in `old` (its kept mask (b, W) before the chunk), in
+    order, then new positions past W. The chunk (b, C) is left-padded and `index` its real columns, row-major, so
+    a row's j-th token is its j-th real column."""
+    b, chunk = chunk_mask.shape
+    width = old.shape[1]
+    holes = old == 0  # (b, W)
+    free, fed = holes.sum(1), chunk_mask.sum(1)  # (b,)
+    into_holes = torch.minimum(free, fed)  # (b,) tokens each row puts into its holes
+    rows = index // chunk  # (N,)
+    j = index % chunk - (chunk - fed)[rows]  # (N,) the token's place among its row's
+    hole_columns = holes.nonzero()[:, 1]  # (holes,) row by row, in order
+    first = free.cumsum(0) - free  # (b,) where each row's holes start in hole_columns
+    in_hole = j < into_holes[rows]
+    if len(hole_columns):
+        pick = hole_columns[(first[rows] + j).clamp(max=len(hole_columns) - 1)]
+    else:
+        pick = torch.zeros_like(j)
+    columns = torch.where(in_hole, pick, width + j - into_holes[rows])
+    return _Fill(rows, columns, int((fed - into_holes).max()))
+
+
+def _fill_mask(old: torch.Tensor, fill: _Fill, chunk_mask: torch.Tensor, index: torch.Tensor,
+               dtype: torch.dtype) -> torch.Tensor:
+    """The additive mask (b, 1, C, W + grow) of a chunk written by `fill`: every query sees its row's real positions
+    in `old` (b, W), and the chunk's own tokens at or before it, wherever they were written."""
+    b, chunk = chunk_mask.shape
+    pad = torch.zeros(b, old.shape[1] + fill.grow, dtype=dtype, device=old.device)
+    pad[:, : old.shape[1]].masked_fill_(old == 0, float("-inf"))
+    pad[:, old.shape[1] :] = float("-inf")
+    full = pad[:, None, None, :].repeat(1, 1, chunk, 1)  # (b, 1, C, W + grow)
+    sees = torch.arange(chunk, device=old.device)[None, :] >= (index % chunk)[:, None]  # (N, C): token n, query q
+    n, q = sees.nonzero(as_tuple=True)
+    full[fill.rows[n], 0, q, fill.columns[n]] = 0
+    return full
+
+
+@dataclass
 class _Chunk:
     """An observation chunk of (rows x chunk) columns, fed under the engine's attention without paying for its
     padding (a third of the columns at 32 Vault turns, whose observations are ~30 or ~62 tokens):
@@ -188,6 +235,7 @@ class _Chunk:
     chunk: int
     index: torch.Tensor | None  # (N,)
     levels: list[_Level] | None
+    fill: _Fill | None = None  # packed tokens written into their rows' holes rather than a new rectangle
 
     def unpack(self, x: torch.Tensor) -> torch.Tensor:
         """(1, H, N, D) packed heads -> (rows, H, chunk, D), zeros at the pads."""
@@ -273,12 +321,28 @@ class _RollingLayer(DynamicLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args,
                **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        run = _packed_chunk()
+        if run is not None and run.fill is not None and self.get_seq_length() > 0:
+            return self._fill(run.fill, key_states, value_states)
         key_states, value_states = _unpacked(key_states, value_states)
         # the first write sets the layer up as the parent does (its API varies by version)
         if self.get_seq_length() == 0:
             return super().update(key_states, value_states, *args, **kwargs)
         self.keys, self.key_buf = _append(self.keys, self.key_buf, key_states, self.room.length, dim=-2)
         self.values, self.value_buf = _append(self.values, self.value_buf, value_states, self.room.length, dim=-2)
+        return self.keys, self.values
+
+    def _fill(self, fill: _Fill, key_states: torch.Tensor,
+              value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write a packed chunk's keys and values (1, H, N, D) where `fill` puts them; new positions start as zeros
+        (finite where a row leaves them masked)."""
+        if fill.grow:
+            b, heads, _, dim = self.keys.shape
+            zeros = self.keys.new_zeros(b, heads, fill.grow, dim)
+            self.keys, self.key_buf = _append(self.keys, self.key_buf, zeros, self.room.length, dim=-2)
+            self.values, self.value_buf = _append(self.values, self.value_buf, zeros, self.room.length, dim=-2)
+        self.keys[fill.rows, :, fill.columns] = key_states[0].transpose(0, 1)  # (N, H, D)
+        self.values[fill.rows, :, fill.columns] = value_states[0].transpose(0, 1)
         return self.keys, self.values
 
 
@@ -609,6 +673,10 @@ class TorchEngine:
         self.inline_layers = self.decoder is not None and _inline_layers(self.decoder)
         self.level_gather_cost = 3.5
         self.level_call_cost = 6000.0
+        # A packed chunk writes each row's tokens into that row's holes before it widens the cache (`_fill_plan`):
+        # attention takes keys in any order (each carries its rotary position), so a row's holes from earlier
+        # turns' padding are room, not waste. At 32 Vault turns this keeps the cache as wide as its longest row.
+        self.fill_holes = True
         # Each row samples from a stream of its own: a counter-based generator keyed by the session
         # and the caller's row index, so a row's tokens do not depend on which rows share its batch
         # (rows join and leave at times set by their tools' latency).
@@ -770,6 +838,7 @@ class TorchSession:
         self.tokens_fed = 0  # padded positions run through the model (for throughput accounting)
         self.tokens_packed_out = 0  # ... of them padding that skipped the layers' matmuls (a packed chunk, _Chunk)
         self.chunks_in_levels = 0  # chunks whose attention ran in more than one level (_chunk_levels)
+        self.chunks_filled = 0  # chunks written into their rows' holes (_fill_plan)
         self.forwards = 0  # model forwards run (prefills of shared prompts not counted)
         # cache positions the forwards attended over (rows x width, summed over forwards), and of them masked holes
         self.positions_attended = 0
@@ -806,9 +875,29 @@ class TorchSession:
             raise KeyError(f"rows {missing} are not in this session")
         return [where[r] for r in rows]
 
-    def _forward(self, ids: torch.Tensor, chunk_mask: torch.Tensor, hidden: bool = False) -> torch.Tensor:
-        g = self._group
-        if g.window:  # written in place: the room was reserved (an empty window has no data pointer to check)
+    def _forward(self, ids: torch.Tensor, chunk_mask: torch.Tensor, hidden: bool = False,
+                 fill: bool = False) -> torch.Tensor:
+        """The logits (b, V) at each row's last fed token. `fill`: every row of the group feeds real tokens, so a
+        packed chunk may write them into its rows' holes (`_fill_plan`)."""
+        g, eng, chunk = self._group, self.engine, ids.shape[1]
+        if chunk > 1:  # each row's span: its columns from the first real one to the chunk's end (one host sync)
+            *spans, real, ends_real = torch.cat([chunk - chunk_mask.argmax(1),  # argmax: the first maximum
+                                                 chunk_mask.sum()[None], chunk_mask[:, -1].sum()[None]]).tolist()
+            full = real == ids.numel()
+        else:
+            full = True if g.holes else bool(chunk_mask.all())
+        plan, fill_mask = None, None
+        if (fill and chunk > 1 and not full and g.holes and not g.window and ends_real == len(spans) and eng.fill_holes
+                and eng.skip_chunk_padding and eng.mask_dtype is not None and eng.last_logits
+                and isinstance(g.cache, _RollingCache) and g.cache.packs):
+            index = chunk_mask.flatten().nonzero().squeeze(1)  # (N,)
+            plan = _fill_plan(g.mask, chunk_mask, index)
+            fill_mask = _fill_mask(g.mask, plan, chunk_mask, index, eng.mask_dtype)  # from the mask before the chunk
+            grown = g.mask.new_zeros(g.mask.shape[0], plan.grow)
+            g.mask, g.mask_buf = _append(g.mask, g.mask_buf, grown, self.room, dim=1)  # (b, W + grow)
+            g.mask[plan.rows, plan.columns] = 1
+            self.chunks_filled += 1
+        elif g.window:  # written in place: the room was reserved (an empty window has no data pointer to check)
             n, c = g.mask.shape[1], chunk_mask.shape[1]
             if n + c > g.mask_buf.shape[1]:
                 raise RuntimeError("cache window full: the turn's room was not reserved")  # a bug, not an input
@@ -818,20 +907,16 @@ class TorchSession:
             g.mask, g.mask_buf = _append(g.mask, g.mask_buf, chunk_mask, self.room, dim=1)  # (B, L + C)
         pos = self.pos[g.lo : g.hi]  # a view: updated in place
         pos_ids = (pos[:, None] + chunk_mask.cumsum(1) - 1).clamp(min=0)  # (b, C)
-        eng, chunk, width = self.engine, ids.shape[1], g.mask.shape[1]
+        width = g.mask.shape[1]
         # An all-ones mask is one that transformers checks (a reduction, a host sync) and then
         # drops: until the first hole, pass none; the model runs the same kernels on the same numbers.
-        if chunk > 1:  # each row's span: its columns from the first real one to the chunk's end (one host sync)
-            *spans, real, ends_real = torch.cat([chunk - chunk_mask.argmax(1),  # argmax: the first maximum
-                                                 chunk_mask.sum()[None], chunk_mask[:, -1].sum()[None]]).tolist()
-            full = real == ids.numel()
-        else:
-            full = True if g.holes else bool(chunk_mask.all())
         g.holes = g.holes or not full
         past = width > chunk  # a chunk after cached positions: transformers materializes a mask even without holes
         mask, attention = None, None
         if eng.mask_dtype is None:
             mask = g.mask if g.holes else None
+        elif fill_mask is not None:
+            mask, attention = fill_mask, eng.gqa_attention
         elif g.holes or (chunk > 1 and past):
             mask = _additive_mask(g.mask, chunk, eng.mask_dtype) if chunk > 1 else self._decode_mask(chunk_mask)
             attention = eng.gqa_attention  # a decode step too: repeat_kv at one query is most of SDPA's cost
@@ -841,7 +926,7 @@ class TorchSession:
         run, keep, model_ids, model_pos = None, eng.last_logits, ids, pos_ids
         computed = ids.shape[0] * chunk * width  # query-key pairs the attention computes
         if chunk > 1 and not full and attention is not None and eng.skip_chunk_padding:
-            run, computed = self._chunk_run(chunk_mask, spans, ends_real == len(spans), mask)
+            run, computed = self._chunk_run(chunk_mask, spans, ends_real == len(spans), mask, plan)
             if run.index is not None:
                 keep = {"logits_to_keep": fed.cumsum(0) - 1}  # (b,) each row's last token, packed
                 model_ids, model_pos = ids.flatten()[run.index][None], pos_ids.flatten()[run.index][None]  # (1, N)
@@ -899,10 +984,11 @@ class TorchSession:
         return g.additive
 
     def _chunk_run(self, chunk_mask: torch.Tensor, spans: list[int], ends_real: bool,
-                   mask: torch.Tensor) -> tuple[_Chunk, int]:
+                   mask: torch.Tensor, fill: _Fill | None = None) -> tuple[_Chunk, int]:
         """How a chunk with padding runs (`_Chunk`), and the query-key pairs its attention computes. Packed when the
         group's cache layers take it and every row ends in a real token (the newest, sampled from); in levels
-        when they cost less than one attention over the rectangle (`_chunk_levels`)."""
+        when they cost less than one attention over the rectangle (`_chunk_levels`). Written by `fill`, the chunk's
+        keys may sit anywhere in the cache, so every level attends over all of it."""
         eng, g = self.engine, self._group
         rows, chunk = chunk_mask.shape
         width = mask.shape[-1]
@@ -914,7 +1000,7 @@ class TorchSession:
         cuts = _chunk_levels(spans, width, eng.level_gather_cost, eng.level_call_cost)
         levels, computed = [], 0
         for before, upto in cuts:
-            lo, hi, keys = chunk - upto, chunk - before, width - before
+            lo, hi, keys = chunk - upto, chunk - before, width - (before if fill is None else 0)
             if before == 0:
                 take, level_mask = None, mask[:, :, lo:hi, :keys]
                 computed += rows * (hi - lo) * keys
@@ -928,7 +1014,9 @@ class TorchSession:
             levels = None
         elif len(levels) > 1:
             self.chunks_in_levels += 1
-        return _Chunk(rows, chunk, index, levels), computed
+        if fill is not None and index is None:
+            raise RuntimeError("a chunk written into holes must run packed")  # _forward checked what packing needs
+        return _Chunk(rows, chunk, index, levels, fill), computed
 
     def _layers(self) -> list[Any]:
         return [layer for layer in getattr(self.cache, "layers", []) if layer.get_seq_length() > 0]
@@ -1247,7 +1335,7 @@ class TorchSession:
         self.room = need + need // 4
         if isinstance(self.cache, _RollingCache):
             self.cache.room = self.room
-        logits = self._forward(ids, m, hidden=eng.capture_hidden)
+        logits = self._forward(ids, m, hidden=eng.capture_hidden, fill=len(slots) == b)
         hidden = self.turn_hidden.tolist() if eng.capture_hidden and self.turn_hidden is not None else [None] * b
         if forced is not None:
             forced_t = torch.full((b, cfg.max_new_tokens), eng.pad_id, dtype=torch.long, device=dev)
