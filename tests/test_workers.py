@@ -146,9 +146,9 @@ def test_refill_keeps_the_batch_bounded_and_groups_whole(vault_policy, monkeypat
     widths = []
     forward = torch_engine.TorchSession._forward
 
-    def spy(self, ids, chunk_mask, hidden=False):
+    def spy(self, ids, chunk_mask, *args, **kwargs):
         widths.append(len(self.rows))
-        return forward(self, ids, chunk_mask, hidden)
+        return forward(self, ids, chunk_mask, *args, **kwargs)
 
     monkeypatch.setattr(torch_engine.TorchSession, "_forward", spy)
     chat = vault_policy.chat
