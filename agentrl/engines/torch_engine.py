@@ -185,8 +185,10 @@ class _Fill:
 
 def _fill_plan(old: torch.Tensor, chunk_mask: torch.Tensor, index: torch.Tensor) -> _Fill:
     """The positions a packed chunk takes: each row's holes in `old` (its kept mask (b, W) before the chunk), in
-    order, then new positions past W. The chunk (b, C) is left-padded and `index` its real columns, row-major, so
-    a row's j-th token is its j-th real column."""
+    order, then new positions past W; the cache grows by what the row with the fewest holes for its tokens lacks,
+    not by the chunk's width. The chunk (b, C) is left-padded and `index` its real columns, row-major, so a row's
+    j-th token is its j-th real column. At 32 Vault turns (observations of ~30 or ~62 tokens) this took the padded
+    share of the positions attended from 20% to 13%, and a round 1.04x faster (docs/benchmarks.md, "Many turns")."""
     b, chunk = chunk_mask.shape
     width = old.shape[1]
     holes = old == 0  # (b, W)
@@ -227,8 +229,9 @@ class _Chunk:
 
     - `index` (packed): only the real tokens go through the model, as one sequence (1, N), so that the layers'
       projections, MLPs and norms skip the pads. Each layer's keys and values are scattered back to the rectangle
-      the cache keeps (zeros at the pads, masked as ever), and the queries too for attention, whose output is
-      packed again. `index`: the real positions of the rectangle, row-major.
+      the cache keeps (zeros at the pads, masked as ever), or with `fill` into their rows' holes, and the queries
+      to the rectangle for attention, whose output is packed again. `index`: the real positions of the
+      rectangle, row-major.
     - `levels`: attention in parts (see `_chunk_levels`) rather than every row over the widest row's columns."""
 
     rows: int
@@ -815,6 +818,11 @@ class TorchSession:
     cost model of a turn, `split_cost` + rows * (`row_cost` + width). When sorting the rows by length
     and squeezing out the holes (`_compact`: one gather of the cache) would save more than it costs,
     the slots are first reordered that way, longest first, freed slots last.
+
+    Holes also fill up as the rows go: a turn's observations, left-padded to the longest, leave holes in the
+    shorter rows, and the next packed chunk writes each row's tokens into its own holes first (`_fill_plan`), so
+    that the cache widens only by what the row needing most room lacks. Attention does not care where a key sits:
+    the keys carry their positions, the mask says which a query sees.
     """
 
     turn_level = True  # generate() decodes whole actions: rows join and leave between calls
