@@ -142,6 +142,22 @@ def test_compaction_gathers_into_the_room_ahead(context_model, monkeypatch):
     assert session.compactions > 0 and grew_after and not any(grew_after)
 
 
+def test_fill_plan_and_mask_by_hand():
+    """Row 0 has a hole at position 1 and feeds two tokens, row 1 has none and feeds one (left-padded): row 0's
+    first token takes its hole, its second and row 1's token a new position 3, so the cache grows by one. Each
+    query sees its row's old real positions and the chunk's tokens at or before its own column, wherever they went."""
+    old = torch.tensor([[1, 0, 1], [1, 1, 1]])
+    chunk_mask = torch.tensor([[1, 1], [0, 1]])
+    index = chunk_mask.flatten().nonzero().squeeze(1)  # tokens at rectangle cells 0, 1 and 3
+    fill = torch_engine._fill_plan(old, chunk_mask, index)
+    assert fill.rows.tolist() == [0, 0, 1] and fill.columns.tolist() == [1, 3, 3] and fill.grow == 1
+    mask = torch_engine._fill_mask(old, fill, chunk_mask, index, torch.float32)
+    inf = float("-inf")
+    assert mask.shape == (2, 1, 2, 4)
+    assert mask[0, 0].tolist() == [[0, 0, 0, inf], [0, 0, 0, 0]]
+    assert mask[1, 0].tolist() == [[0, 0, 0, inf], [0, 0, 0, 0]]  # the pad query sees the old positions only
+
+
 def test_a_chunk_fills_its_rows_holes_before_it_widens_the_cache(context_model):
     """Each turn another row's observation is the longest (12 tokens against 2), so the others' chunks leave holes.
     Written into those holes, the cache stays exactly as wide as its longest row: by hand, 8 prompt tokens, then per

@@ -216,9 +216,10 @@ def _fill_mask(old: torch.Tensor, fill: _Fill, chunk_mask: torch.Tensor, index: 
     pad[:, : old.shape[1]].masked_fill_(old == 0, float("-inf"))
     pad[:, old.shape[1] :] = float("-inf")
     full = pad[:, None, None, :].repeat(1, 1, chunk, 1)  # (b, 1, C, W + grow)
-    sees = torch.arange(chunk, device=old.device)[None, :] >= (index % chunk)[:, None]  # (N, C): token n, query q
-    n, q = sees.nonzero(as_tuple=True)
-    full[fill.rows[n], 0, q, fill.columns[n]] = 0
+    # the causal part: the token at chunk column c is seen by the queries at columns c and after, (N, C) values
+    # written down each token's cache column (no larger than the mask itself, whatever the chunk's length)
+    causal = torch.full((chunk, chunk), float("-inf"), dtype=dtype, device=old.device).triu_(1)  # (query, column)
+    full[fill.rows, 0, :, fill.columns] = causal[:, index % chunk].T  # (N, C)
     return full
 
 
