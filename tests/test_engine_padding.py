@@ -99,6 +99,29 @@ def test_compaction_gather_picks_each_rows_positions(layout):
                 assert out[b, h, w].tolist() == [value(row, h, p, d) for d in range(4)]
 
 
+def greedy_turns_long_in_turn(model, engine: TorchEngine, g: torch.Generator, turns: int = 6, after_generate=None):
+    """Three rows from 8-token prompts, decoding greedily for `turns` turns; each turn another row's observation is
+    the longest (12 tokens against 2), so every row gets holes in turn. Every row must decode what re-encoding its
+    history decodes. Returns the session (the last observations fed, not decoded from)."""
+
+    def rand(n):
+        return torch.randint(2, model.config.vocab_size, (n,), generator=g).tolist()
+
+    history = [rand(8) for _ in range(3)]
+    session = engine.open([list(h) for h in history])
+    for turn in range(turns):
+        for row, gen in zip(session.rows, session.generate()):
+            assert gen.ids == greedy_reencoded(model, history[row], 4), f"row {row}, turn {turn}"
+            history[row] += gen.ids
+        if after_generate is not None:
+            after_generate()
+        obs = [rand(12 if row == turn % 3 else 2) for row in session.rows]
+        session.extend(obs)
+        for row, o in zip(session.rows, obs):
+            history[row] += o
+    return session
+
+
 def test_compaction_gathers_into_the_room_ahead(context_model, monkeypatch):
     """Every row with holes (each turn another row's observation is the longest): the cache is compacted, each
     row still decodes what re-encoding its history decodes, and the chunk after a compaction writes into the
@@ -121,24 +144,11 @@ def test_compaction_gathers_into_the_room_ahead(context_model, monkeypatch):
     monkeypatch.setattr(torch_engine.TorchSession, "_compact", counting_compact)
     monkeypatch.setattr(torch_engine, "_append", counting_append)
 
-    def rand(n):
-        return torch.randint(2, model.config.vocab_size, (n,), generator=g).tolist()
-
     engine = TorchEngine(model, SamplingConfig(temperature=0, max_new_tokens=4), [], 1, 0)
     engine.head_cost, engine.compact_cost = float("inf"), 0.0
     engine.fill_holes = False  # chunks filling their rows' holes leave none to compact
-    history = [rand(8) for _ in range(3)]
-    session = engine.open([list(h) for h in history])
-    for turn in range(6):
-        for row, gen in zip(session.rows, session.generate()):
-            assert gen.ids == greedy_reencoded(model, history[row], 4), f"row {row}, turn {turn}"
-            history[row] += gen.ids
-        if compacted:
-            compacted.append(False)  # later appends are another turn's
-        obs = [rand(12 if row == turn % 3 else 2) for row in session.rows]
-        session.extend(obs)
-        for row, o in zip(session.rows, obs):
-            history[row] += o
+    # later appends are another turn's
+    session = greedy_turns_long_in_turn(model, engine, g, after_generate=lambda: compacted and compacted.append(False))
     assert session.compactions > 0 and grew_after and not any(grew_after)
 
 
@@ -163,26 +173,13 @@ def test_a_chunk_fills_its_rows_holes_before_it_widens_the_cache(context_model):
     Written into those holes, the cache stays exactly as wide as its longest row: by hand, 8 prompt tokens, then per
     turn 4 action tokens (3 decoded here, the last fed with the next chunk) and the observation. Every row decodes
     what re-encoding its history decodes, and without filling the cache is wider by the holes."""
-    model, g = context_model, torch.Generator().manual_seed(4)
-
-    def rand(n):
-        return torch.randint(2, model.config.vocab_size, (n,), generator=g).tolist()
-
+    model, g = context_model, torch.Generator()
     widths = {}
     for fill in (True, False):
         g.manual_seed(4)
         engine = TorchEngine(model, SamplingConfig(temperature=0, max_new_tokens=4), [], 1, 0)
         engine.head_cost, engine.compact_cost, engine.fill_holes = float("inf"), 1e9, fill
-        history = [rand(8) for _ in range(3)]
-        session = engine.open([list(h) for h in history])
-        for turn in range(6):
-            for row, gen in zip(session.rows, session.generate()):
-                assert gen.ids == greedy_reencoded(model, history[row], 4), f"row {row}, turn {turn}, fill {fill}"
-                history[row] += gen.ids
-            obs = [rand(12 if row == turn % 3 else 2) for row in session.rows]
-            session.extend(obs)
-            for row, o in zip(session.rows, obs):
-                history[row] += o
+        session = greedy_turns_long_in_turn(model, engine, g)
         session.generate()
         widths[fill] = session.cache_len
         assert session.compactions == 0
