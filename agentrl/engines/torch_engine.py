@@ -189,8 +189,7 @@ def _fill_plan(old: torch.Tensor, chunk_mask: torch.Tensor, index: torch.Tensor)
     not by the chunk's width. The chunk (b, C) is left-padded and `index` its real columns, row-major, so a row's
     j-th token is its j-th real column. At 32 Vault turns (observations of ~30 or ~62 tokens) this took the padded
     share of the positions attended from 20% to 13%, and a round 1.04x faster (docs/benchmarks.md, "Many turns")."""
-    b, chunk = chunk_mask.shape
-    width = old.shape[1]
+    chunk, width = chunk_mask.shape[1], old.shape[1]
     holes = old == 0  # (b, W)
     free, fed = holes.sum(1), chunk_mask.sum(1)  # (b,)
     into_holes = torch.minimum(free, fed)  # (b,) tokens each row puts into its holes
@@ -211,11 +210,9 @@ def _fill_mask(old: torch.Tensor, fill: _Fill, chunk_mask: torch.Tensor, index: 
                dtype: torch.dtype) -> torch.Tensor:
     """The additive mask (b, 1, C, W + grow) of a chunk written by `fill`: every query sees its row's real positions
     in `old` (b, W), and the chunk's own tokens at or before it, wherever they were written."""
-    b, chunk = chunk_mask.shape
-    pad = torch.zeros(b, old.shape[1] + fill.grow, dtype=dtype, device=old.device)
-    pad[:, : old.shape[1]].masked_fill_(old == 0, float("-inf"))
-    pad[:, old.shape[1] :] = float("-inf")
-    full = pad[:, None, None, :].repeat(1, 1, chunk, 1)  # (b, 1, C, W + grow)
+    chunk = chunk_mask.shape[1]
+    grown = F.pad(old, (0, fill.grow))  # (b, W + grow): the new positions masked until the chunk's tokens
+    full = _additive_mask(grown, 1, dtype).repeat(1, 1, chunk, 1)  # (b, 1, C, W + grow)
     # the causal part: the token at chunk column c is seen by the queries at columns c and after, (N, C) values
     # written down each token's cache column (no larger than the mask itself, whatever the chunk's length)
     causal = torch.full((chunk, chunk), float("-inf"), dtype=dtype, device=old.device).triu_(1)  # (query, column)
@@ -983,9 +980,8 @@ class TorchSession:
         b, width = g.mask.shape
         if g.additive is None or g.additive.shape[-1] != width - 1 or g.additive.dtype != dtype:
             # the turn's first step: as `_additive_mask` makes it, in a buffer with room for the turn's other steps
-            buf = torch.zeros(b, 1, 1, width + self.engine.sampling.max_new_tokens, dtype=dtype, device=g.mask.device)
-            buf[:, 0, 0, :width].masked_fill_(g.mask == 0, float("-inf"))
-            g.additive, g.additive_buf = buf.narrow(-1, 0, width), buf
+            buf = g.mask.new_empty(b, 1, 1, width + self.engine.sampling.max_new_tokens, dtype=dtype)
+            g.additive, g.additive_buf = buf.narrow(-1, 0, width).copy_(_additive_mask(g.mask, 1, dtype)), buf
             return g.additive
         new = torch.zeros(b, 1, 1, 1, dtype=dtype, device=column.device)
         new.masked_fill_(column[:, None, None] == 0, float("-inf"))  # (b, 1, 1, 1)
