@@ -2,7 +2,8 @@
 where that package is not installed; an installed package that fails to import still fails them.
 
 The tests under tests/ do the same with `pytest.importorskip` at the top of their module. The
-`dev` extra installs these packages, so CI runs all of them.
+`dev` extra installs these packages but bfcl-eval, which .ci/run adds without its dependencies, so CI runs all
+of them; a user's `pip install -e ".[dev]" && pytest` skips BFCL's.
 """
 
 from __future__ import annotations
@@ -11,10 +12,13 @@ import importlib.util
 
 import pytest
 
-# doctest (its module, or module.qualname) -> (the package it imports, the extra that installs it)
+# doctest (its module, or module.qualname) -> (the package it imports, how to install it)
 NEEDS: dict[str, tuple[str, str]] = {
-    "agentrl.adapters.reasoning_gym_tasks": ("reasoning_gym", "reasoning-gym"),
-    "agentrl.adapters.textarena_games": ("textarena", "textarena"),  # its hanoi_next_move needs nothing
+    "agentrl.adapters.reasoning_gym_tasks": ("reasoning_gym", "pip install 'agentrl[reasoning-gym]' or '.[dev]'"),
+    # its hanoi_next_move needs nothing
+    "agentrl.adapters.textarena_games": ("textarena", "pip install 'agentrl[textarena]' or '.[dev]'"),
+    # bfcl-eval goes in without its declared dependencies, which no extra can say (agentrl/adapters/bfcl.py)
+    "agentrl.adapters.bfcl": ("bfcl_eval", "pip install 'agentrl[bfcl]' && pip install --no-deps bfcl-eval==2026.3.23"),
 }
 
 
@@ -22,8 +26,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if not isinstance(item, pytest.DoctestItem) or item.name not in NEEDS:
             continue
-        package, extra = NEEDS[item.name]
+        package, how = NEEDS[item.name]
         if importlib.util.find_spec(package) is None:
-            item.add_marker(
-                pytest.mark.skip(reason=f"{package} is not installed (pip install 'agentrl[{extra}]' or '.[dev]')")
-            )
+            item.add_marker(pytest.mark.skip(reason=f"{package} is not installed ({how})"))
