@@ -383,6 +383,48 @@ class DPOConfig(Strict):
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 
+
+class GatewayConfig(Strict):
+    """The OpenAI-compatible endpoint an agent calls the policy through (docs/gateway.md)."""
+
+    host: str = Field("127.0.0.1", description="Where the gateway listens. Loopback by default: the endpoint samples "
+                      "the policy being trained and takes rewards, so it is never offered to the network unasked.")
+    port: int = Field(0, ge=0, le=65535, description="0: a free port chosen at start (the in-process agent is given "
+                      "the address); serve-policy prints it.")
+    session_timeout: float = Field(300.0, gt=0, description="Seconds a session may stay silent (no call, no reward) "
+                                   "before its episode ends truncated: an agent that hung or forgot its reward must "
+                                   "not hold an update forever. 300 s covers slow tools between two calls.")
+    max_body_bytes: int = Field(4 << 20, ge=1024, description="Largest request body; 4 MiB holds any chat history that "
+                                "fits a context window, and refuses a flood before it is parsed.")
+    max_messages: int = Field(1024, ge=1, description="Most messages in one call: past this a history is no "
+                              "conversation a model's context holds.")
+    max_tools: int = Field(128, ge=0, description="Most tools offered in one call.")
+    max_sessions: int = Field(4096, ge=1, description="Sessions held at once (in flight or waiting for a reward); "
+                              "a new one past this gets 429.")
+    batch_wait: float = Field(0.05, ge=0, description="Seconds a call may wait for others to share its batched "
+                              "generate (a forward costs nearly the same for more rows); at most one generation's "
+                              "time is ever waited, whichever is shorter.")
+
+
+class AgentConfig(Strict):
+    """An agent of the user's own, trained through the gateway instead of an `AgentEnv` (docs/gateway.md)."""
+
+    entry: str = Field(description="The agent: path/to/file.py:solve or module:solve. `solve(task, client)` (sync or "
+                       "async) runs one episode against the OpenAI-compatible client it is given and returns its "
+                       "reward (a number), or None to leave it to `verify`.")
+    tasks: str | None = Field(None, description="Where tasks come from: path/to/file.py:fn or module:fn (fn(seed) -> "
+                              "a task, any JSON-able value), or a JSONL file of task records (one per line; seeds "
+                              "index it). None: the agent module's `tasks` function.")
+    heldout: str | None = Field(None, description="Tasks for held-out evaluation: another JSONL file. None: the "
+                                "training source at seeds >= eval.seed_offset (a function), or the file's last "
+                                "eval.episodes records, which training then never draws.")
+    verify: str | None = Field(None, description="file.py:fn or module:fn, fn(task, messages) -> reward, for a solve "
+                               "that returns None. None: the agent module's `verify`, if it has one.")
+    state_key: str | None = Field(None, description="file.py:fn or module:fn, fn(task, messages) -> hashable, the "
+                                  "state before each call, for step-level grouping (gigpo).")
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig, description="The endpoint the agent calls.")
+
+
 class TrainConfig(Strict):
     """Everything `agentrl train` needs; the defaults run the main job on a 2-core CPU in minutes."""
 
@@ -391,6 +433,8 @@ class TrainConfig(Strict):
     preset: Literal["dapo", "dr-grpo"] | None = Field(None, description="Fills in the named recipe's settings that you "
                                                       "did not set.")
     env: EnvConfig = Field(default_factory=EnvConfig, description="The environment to train in.")
+    agent: AgentConfig | None = Field(None, description="Train an agent of your own through the OpenAI-compatible "
+                                      "gateway instead of env (docs/gateway.md); on the command line --agent FILE:FN.")
     model: str | None = Field(None, description="HF hub id or folder. None builds the tiny policy and warm-starts it "
                               "by SFT (cached).")
     tool_format: str | None = Field(None, description="How the model writes tool calls, a key of "
