@@ -91,6 +91,10 @@ HERMES = [
     ("unclosed", '<tool_call>{"name": "f", "arguments": {}}', [Err("never closed with </tool_call>")]),
     ("unclosed after a closed one", '<tool_call>{"name": "f"}</tool_call> <tool_call>{"name": "g"}',
      [("f", {}), Err("never closed")]),
+    ("arguments under another key", '<tool_call>{"name": "f", "parameters": {"x": 1}}</tool_call>',
+     [Err("has key 'parameters'; this format writes its arguments under 'arguments'", "f")]),
+    ("a key beside the arguments", '<tool_call>{"name": "f", "arguments": {}, "id": "c1"}</tool_call>',
+     [Err("has key 'id' beside 'arguments'", "f")]),
 ]
 
 STRING_PARAMS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
@@ -153,6 +157,11 @@ LLAMA3_JSON = [
     ("bad JSON", '{"name": "f", "parameters": {"x": 01}}', [Err("not valid JSON")]),
     ("name not a string", '{"name": 1, "parameters": {}}', [Err('a string "name"')]),
     ("parameters a list", '{"name": "f", "parameters": [1]}', [Err('"parameters" must be a JSON object', "f")]),
+    ("arguments a list", '{"name": "f", "arguments": [1]}', [Err('"arguments" must be a JSON object', "f")]),
+    ("params", '{"name": "f", "params": {"x": 1}}', [Err("has key 'params'; this format writes its arguments "
+                                                         "under 'parameters'", "f")]),
+    ("both parameters and arguments", '{"name": "f", "parameters": {}, "arguments": {"x": 1}}',
+     [Err("has key 'arguments' beside 'parameters'", "f")]),
 ]
 
 MISTRAL = [
@@ -181,6 +190,10 @@ MISTRAL = [
     ("v11 bad JSON", '[TOOL_CALLS]open[ARGS]{"lock": }[TOOL_CALLS]b[ARGS]{}', [Err("not valid JSON", "open"),
                                                                               ("b", {})]),
     ("nothing after the token", "[TOOL_CALLS]", [Err("the tool's name")]),
+    ("v3 arguments under another key", '[TOOL_CALLS][{"name": "f", "parameters": {"x": 1}, "id": "a1b2c3d4e"}]',
+     [Err("has key 'parameters'; this format writes its arguments under 'arguments'", "f")]),
+    ("a lone object with another key", '[TOOL_CALLS]{"name": "f", "args": {"x": 1}}',
+     [Err("has key 'args'", "f")]),
 ]
 
 PYTHONIC = [
@@ -253,6 +266,34 @@ def test_each_family_reads_what_its_models_write(name, text, expected, tools):
 
 def test_every_registered_family_has_a_table():
     assert set(TABLES) == set(FORMATS)
+
+
+WRONG_KEYS = [
+    ("hermes", '<tool_call>{"name": "get_weather", "parameters": {"city": "Paris"}}</tool_call>', "arguments",
+     "parameters"),
+    ("hermes", '<tool_call>[{"name": "now", "arguments": {}}, {"name": "get_weather", "input": {"city": "Paris"}}]'
+     "</tool_call>", "arguments", "input"),
+    ("mistral", '[TOOL_CALLS][{"name": "get_weather", "parameters": {"city": "Paris"}}]', "arguments", "parameters"),
+    ("mistral-v11", '[TOOL_CALLS]{"name": "get_weather", "args": {"city": "Paris"}}', "arguments", "args"),
+    ("llama3-json", '{"name": "get_weather", "params": {"city": "Paris"}}', "parameters", "params"),
+    ("llama3-json", '<|python_tag|>{"name": "get_weather", "args": {"city": "Paris"}}', "parameters", "args"),
+    ("llama3-json", '{"type": "function", "name": "get_weather", "input": {"city": "Paris"}}', "parameters", "input"),
+]
+
+
+@pytest.mark.parametrize("name, text, expected_key, got_key", WRONG_KEYS,
+                         ids=[f"{n}: {got}" for n, _, _, got in WRONG_KEYS])
+def test_arguments_under_a_wrong_key_are_a_malformed_call_naming_the_key_expected(name, text, expected_key, got_key):
+    # read as a call without arguments, the call would run, and the policy never learn where its arguments went
+    bad = [c for c in get_format(name).parse(text) if c.error is not None]
+    assert [(c.name, c.arguments) for c in bad] == [("get_weather", {})]
+    assert bad[0].error == (f"call to 'get_weather' has key '{got_key}'; this format writes its arguments "
+                            f"under '{expected_key}'")
+
+
+def test_a_wrong_key_is_clipped_in_the_message():
+    (call,) = get_format("hermes").parse('<tool_call>{"name": "f", "' + "k" * 10_000 + '": 1}</tool_call>')
+    assert call.error is not None and "more characters" in call.error and len(call.error) < 300
 
 
 def test_hermes_keeps_the_messages_agentrl_core_gives():

@@ -6,6 +6,7 @@ This module imports nothing from agentrl: `agentrl.core` imports it, never the o
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,3 +54,23 @@ def _as_arguments(value: Any) -> dict[str, Any] | None:
         if error is None:
             value = decoded
     return value if isinstance(value, dict) else None
+
+
+def _stray_key(obj: dict[str, Any], name: str, arguments_key: str, allowed: Collection[str] = ()) -> str | None:
+    """Why a call object is malformed when it holds a key besides "name", `arguments_key` and the family's
+    `allowed` ones (Mistral's "id"), or None when it holds none.
+
+    Such a key is most often the arguments written under another family's key ("parameters" where the
+    family writes "arguments"): read as a call without arguments, it would hide the mistake from the policy.
+
+    >>> _stray_key({"name": "f", "parameters": {"x": 1}}, "f", "arguments")
+    "call to 'f' has key 'parameters'; this format writes its arguments under 'arguments'"
+    """
+    for key in obj:
+        if key != "name" and key != arguments_key and key not in allowed:
+            if arguments_key in obj:
+                return (f"call to {_clip(name)!r} has key {_clip(key)!r} beside {arguments_key!r}, "
+                        "which this format does not write")
+            return (f"call to {_clip(name)!r} has key {_clip(key)!r}; this format writes its arguments "
+                    f"under {arguments_key!r}")
+    return None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from agentrl.chat.calls import ToolCall, _as_arguments, _loads
+from agentrl.chat.calls import ToolCall, _as_arguments, _loads, _stray_key
 from agentrl.chat.format import Block, Calls, ToolFormat, Tools
 
 OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
@@ -22,7 +22,8 @@ class Hermes(ToolFormat):
     """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, the behaviour of `core.parse_tool_calls`
     (same calls, same messages). A `<tool_call>` never closed is a malformed call of its own, wherever it
     stands; a stray `</tool_call>` is ignored; "arguments" may be an object or a JSON string of one; a block
-    may hold a JSON list of calls.
+    may hold a JSON list of calls. A key besides "name" and "arguments" (the arguments written as
+    "parameters") makes the call malformed.
 
     >>> Hermes().parse('<tool_call>{"name": "f", "arguments": "{\\\\"x\\\\": 1}"}</tool_call>')
     [ToolCall(name='f', arguments={'x': 1}, error=None)]
@@ -81,6 +82,8 @@ def _calls(body: str) -> tuple[ToolCall, ...]:
 def _call(obj: object) -> ToolCall:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return ToolCall(None, {}, 'a tool call must be an object with a string "name"')
+    if (stray := _stray_key(obj, obj["name"], "arguments")) is not None:
+        return ToolCall(obj["name"], {}, stray)
     args = _as_arguments(obj.get("arguments", {}))
     if args is None:
         return ToolCall(obj["name"], {}, '"arguments" must be a JSON object')

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 
-from agentrl.chat.calls import ToolCall, _as_arguments, _loads
+from agentrl.chat.calls import ToolCall, _as_arguments, _loads, _stray_key
 from agentrl.chat.format import Block, Calls, ToolFormat, Tools, matching_close
 
 PYTHON_TAG = "<|python_tag|>"
@@ -21,7 +21,8 @@ _SEPARATOR = re.compile(r"\s*;\s*")
 
 
 class Llama3Json(ToolFormat):
-    """``{"name": ..., "parameters": {...}}`` (also "arguments"), anywhere in the reply.
+    """``{"name": ..., "parameters": {...}}`` (also "arguments"), anywhere in the reply. A key besides these
+    and "type" makes the call malformed: "params" or "input" hold arguments under a key Llama does not write.
 
     >>> Llama3Json().parse('<|python_tag|>{"name": "f", "parameters": {"x": 1}}; {"name": "g", "parameters": {}}')
     [ToolCall(name='f', arguments={'x': 1}, error=None), ToolCall(name='g', arguments={}, error=None)]
@@ -69,7 +70,11 @@ def _call(body: str) -> ToolCall:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return ToolCall(None, {}, 'a tool call must be a JSON object with a string "name", '
                                   'written {"name": ..., "parameters": {...}}')
-    args = _as_arguments(obj.get("parameters", obj.get("arguments", {})))
+    # "arguments" is read for "parameters" (some Llama fine-tunes write it); both at once is one too many
+    key = "arguments" if "arguments" in obj and "parameters" not in obj else "parameters"
+    if (stray := _stray_key(obj, obj["name"], key, allowed=("type",))) is not None:
+        return ToolCall(obj["name"], {}, stray)
+    args = _as_arguments(obj.get(key, {}))
     if args is None:
-        return ToolCall(obj["name"], {}, '"parameters" must be a JSON object of the arguments')
+        return ToolCall(obj["name"], {}, f'"{key}" must be a JSON object of the arguments')
     return ToolCall(obj["name"], args)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 
-from agentrl.chat.calls import ToolCall, _as_arguments, _clip
+from agentrl.chat.calls import ToolCall, _as_arguments, _clip, _stray_key
 from agentrl.chat.format import Block, Calls, ToolFormat, Tools, read_json
 
 TOOL_CALLS, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
@@ -125,6 +125,8 @@ def _object(item: object) -> ToolCall:
     if not isinstance(item, dict) or not isinstance(item.get("name"), str):
         got = "an object without a string name" if isinstance(item, dict) else _JSON_TYPES.get(type(item), "a number")
         return ToolCall(None, {}, f'each call in the list must be an object with a string "name", got {got}')
+    if (stray := _stray_key(item, item["name"], "arguments", allowed=("id",))) is not None:
+        return ToolCall(item["name"], {}, stray)
     args = _as_arguments(item.get("arguments", {}))
     if args is None:
         return ToolCall(item["name"], {}, f'"arguments" of {_clip(item["name"])!r} must be a JSON object')
