@@ -5,13 +5,16 @@ tokenizer's chat template: the first family, in `FORMATS` order, whose markers t
 The order goes from the most specific markers to the least, because some templates hold several:
 
 1. ``harmony``       ``<|channel|>``, ``<|call|>`` or ``<|start|>assistant`` (gpt-oss)
-2. ``qwen3-coder``   ``<function=`` and ``<parameter=`` (these templates also hold ``<tool_call>``)
-3. ``hermes``        ``<tool_call>`` (Hermes, Qwen2.5, Qwen3)
-4. ``mistral-v11``   ``[TOOL_CALLS]`` and ``[ARGS]`` (Mistral Small 3.1+, Devstral)
-5. ``mistral``       ``[TOOL_CALLS]`` (Mistral 7B v0.3, Nemo)
-6. ``pythonic``      a documented call list ``[func_name(arg=...)]`` (Llama 3.2 / 4 pythonic templates;
+2. ``deepseek-v3``   ``tool▁calls▁begin`` (DeepSeek V3, V3.1, R1)
+3. ``kimi-k2``       ``tool_calls_section_begin`` (Kimi K2)
+4. ``qwen3-coder``   ``<function=`` and ``<parameter=`` (these templates also hold ``<tool_call>``)
+5. ``glm-4.5``       ``<arg_key>`` (GLM-4.5, GLM-4.6; these templates also hold ``<tool_call>``)
+6. ``hermes``        ``<tool_call>`` (Hermes, Qwen2.5, Qwen3)
+7. ``mistral-v11``   ``[TOOL_CALLS]`` and ``[ARGS]`` (Mistral Small 3.1+, Devstral)
+8. ``mistral``       ``[TOOL_CALLS]`` (Mistral 7B v0.3, Nemo)
+9. ``pythonic``      a documented call list ``[func_name(arg=...)]`` (Llama 3.2 / 4 pythonic templates;
                      their Llama header tokens would otherwise read as llama3-json)
-7. ``llama3-json``   ``<|python_tag|>``, the ``ipython`` role, or ``parameters`` beside Llama's header tokens
+10. ``llama3-json``  ``<|python_tag|>``, the ``ipython`` role, or ``parameters`` beside Llama's header tokens
 
 A template with none of them (SmolLM2 and many older models) gets ``hermes``; such a template usually
 ignores ``tools=`` too (`ignores_tools`), so the format's `instructions` go into the system prompt.
@@ -27,9 +30,12 @@ from __future__ import annotations
 import re
 
 from agentrl.chat.calls import ToolCall
+from agentrl.chat.deepseek_v3 import DeepSeekV3
 from agentrl.chat.format import Block, Calls, ToolFormat, Tools
+from agentrl.chat.glm45 import Glm45
 from agentrl.chat.harmony import Harmony
 from agentrl.chat.hermes import Hermes
+from agentrl.chat.kimi_k2 import KimiK2
 from agentrl.chat.llama3_json import Llama3Json
 from agentrl.chat.mistral import Mistral, MistralV11
 from agentrl.chat.pythonic import Pythonic
@@ -40,7 +46,8 @@ DEFAULT = "hermes"
 
 # In detection order (the module docstring says why this one).
 FORMATS: dict[str, ToolFormat] = {f.name: f for f in (
-    Harmony(), Qwen3Coder(), Hermes(), MistralV11(), Mistral(), Pythonic(), Llama3Json())}
+    Harmony(), DeepSeekV3(), KimiK2(), Qwen3Coder(), Glm45(), Hermes(), MistralV11(), Mistral(), Pythonic(),
+    Llama3Json())}
 
 
 def register_format(fmt: ToolFormat, *, replace: bool = False) -> ToolFormat:
@@ -72,7 +79,8 @@ def convert(text: str, src: str | ToolFormat, dst: str | ToolFormat, tools: Tool
     """`text` with each of `src`'s call blocks replaced by `dst`'s rendering of its calls; the text around
     them is kept. Blocks with only whitespace between them are rendered together (a Mistral or pythonic
     list holds them all). A block holding a malformed call is kept as written: a mistake has no faithful
-    form in another family. `tools` types the values of families that write them as text (qwen3-coder).
+    form in another family. `tools` types the values of families that write them as text (qwen3-coder,
+    glm-4.5).
 
     >>> convert('<tool_call>{"name": "f", "arguments": {}}</tool_call>\\n<tool_call>{"name": "g", "arguments": {}}'
     ...         '</tool_call>', "hermes", "mistral")
@@ -104,6 +112,6 @@ def _good(block: Block) -> bool:
     return all(c.error is None for c in block.calls)
 
 
-__all__ = ["DEFAULT", "FORMATS", "Block", "Calls", "ToolCall", "ToolFormat", "Tools", "Harmony", "Hermes",
-           "Llama3Json", "Mistral", "MistralV11", "Pythonic", "Qwen3Coder", "convert", "detect_format",
-           "get_format", "ignores_tools", "register_format"]
+__all__ = ["DEFAULT", "FORMATS", "Block", "Calls", "ToolCall", "ToolFormat", "Tools", "DeepSeekV3", "Glm45",
+           "Harmony", "Hermes", "KimiK2", "Llama3Json", "Mistral", "MistralV11", "Pythonic", "Qwen3Coder", "convert",
+           "detect_format", "get_format", "ignores_tools", "register_format"]

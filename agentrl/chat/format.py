@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +49,7 @@ class ToolFormat(ABC):
     @abstractmethod
     def blocks(self, text: str, tools: Tools | None = None) -> list[Block]:
         """Every call block in `text`, in order. Never raises: a call written wrong is a `ToolCall` with
-        `error` set. `tools` (the schemas) is for families whose values are text (qwen3-coder)."""
+        `error` set. `tools` (the schemas) is for families whose values are text (qwen3-coder, glm-4.5)."""
 
     @abstractmethod
     def render(self, calls: Calls) -> str:
@@ -173,3 +173,48 @@ def matching_close(text: str, start: int, python: bool = False) -> int | None:
             i += len(delim) - 1
         i += 1
     return None
+
+
+def sections(text: str, markers: tuple[str, str, str, str], read: Callable[[str], ToolCall]) -> list[Block]:
+    """The blocks of a family that writes its calls in a section of marker tokens (DeepSeek, Kimi K2):
+    `markers` is (section begin, section end, call begin, call end), and `read` makes a call of the text
+    between a call's markers. Each section is a block. Text between calls is ignored. A call runs to the
+    first call end after it, as a Hermes block runs to its first close: one that holds another call's
+    begin was never closed, and is one malformed call with it. A section never closed keeps the calls
+    completed in it and adds a malformed call that says so; one without a call is malformed too.
+
+    >>> (block,) = sections("x <s><c>f</c><c>g</s>", ("<s>", "</s>", "<c>", "</c>"), lambda body: ToolCall(body, {}))
+    >>> block.start, block.end, [call.name or call.error for call in block.calls]
+    (2, 21, ['f', 'a call opened with <c> was never closed with </c>'])
+    """
+    begin, end, call_begin, call_end = markers
+    out = []
+    pos = 0
+    while (start := text.find(begin, pos)) != -1:
+        body = start + len(begin)
+        stop = text.find(end, body)
+        closed = stop != -1
+        stop = stop if closed else len(text)
+        calls = []
+        at = body
+        while (call := text.find(call_begin, at, stop)) != -1:
+            inner = call + len(call_begin)
+            close = text.find(call_end, inner, stop)
+            if close == -1 or text.find(call_begin, inner, close) != -1:
+                calls.append(ToolCall(None, {}, f"a call opened with {call_begin} was never closed with {call_end}"))
+                if close == -1:
+                    break
+            else:
+                calls.append(read(text[inner:close]))
+            at = close + len(call_end)
+        if not closed:
+            calls.append(ToolCall(None, {}, f"the tool calls section was opened with {begin} but never closed "
+                                            f"with {end}"))
+        elif not calls:
+            calls.append(ToolCall(None, {}, f"the tool calls section holds no call: write {call_begin}...{call_end} "
+                                            "inside it"))
+        pos = stop + len(end) if closed else len(text)
+        out.append(Block(start, pos, tuple(calls)))
+        if not closed:
+            break
+    return out
