@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import difflib
 import functools
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -104,8 +105,41 @@ def _kv(items: Sequence[str], flag: str) -> dict[str, Any]:
     return out
 
 
+# --agent and its settings: read before the generated parser, which cannot type an optional section
+AGENT_FLAGS = {"--agent": "entry", "--agent.tasks": "tasks", "--agent.heldout": "heldout", "--agent.demos": "demos",
+               "--agent.verify": "verify", "--agent.state-key": "state_key"}
+AGENT_HELP = ("An agent of your own instead of an env: --agent FILE.py:solve (solve(task, client) calls the policy "
+              "through an OpenAI client and returns its reward), --agent.tasks FILE.jsonl|FILE.py:fn (default: the module's "
+              "tasks(seed)), --agent.heldout FILE.jsonl, --agent.demos FILE.jsonl (OpenAI-format conversations that "
+              "warm-start the tiny policy), --agent.verify FILE.py:fn, --agent.state-key FILE.py:fn; gateway limits "
+              "with --set agent.gateway.KEY=VALUE (docs/gateway.md).")
+
+
+def _agent_flags(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+    """The --agent flags as AgentConfig's fields, and the rest of argv for the generated parser."""
+    found: dict[str, Any] = {}
+    rest: list[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        flag, eq, value = args[i].partition("=")
+        if flag in AGENT_FLAGS:
+            if not eq:
+                if i + 1 >= len(args) or args[i + 1].startswith("--"):
+                    raise UsageError(f"{flag} expects a value")
+                value, i = args[i + 1], i + 1
+            found[AGENT_FLAGS[flag]] = value
+        else:
+            rest.append(args[i])
+        i += 1
+    if found and "entry" not in found:
+        raise UsageError(f"{', '.join('--agent.' + k.replace('_', '-') for k in found)} without --agent FILE.py:solve")
+    return found, rest
+
+
 def _base_data(argv: Sequence[str]) -> tuple[dict[str, Any], argparse.Namespace]:
     """The config file with --set and --env-kw applied: the defaults the generated parser shows."""
+    agent, argv = _agent_flags(argv)
     pre = _prescan(argv)
     try:
         data = read_yaml(pre.config) if pre.config else {}
@@ -118,6 +152,8 @@ def _base_data(argv: Sequence[str]) -> tuple[dict[str, Any], argparse.Namespace]
             raise UsageError(str(e)) from None
     if pre.env_kw:
         _deep_update(data, {"env": {"kwargs": _kv(pre.env_kw, "--env-kw")}})
+    if agent:
+        _deep_update(data, {"agent": agent})
     return data, pre
 
 
@@ -154,7 +190,7 @@ def parse_train(argv: Sequence[str], prog: str, description: str, extra: type[St
     auto = pre.algo == "auto"
     if pre.algo and not auto:
         data["algo"] = pre.algo
-    argv = list(argv)
+    argv = _agent_flags(argv)[1]
     if auto:  # not an assigner: the probe picks one later; parse with the config's (or the default) algo
         i = argv.index("--algo") if "--algo" in argv else None
         argv = argv[:i] + argv[i + 2:] if i is not None else [a for a in argv if a != "--algo=auto"]
@@ -163,7 +199,7 @@ def parse_train(argv: Sequence[str], prog: str, description: str, extra: type[St
     default = model.model_validate({**base.model_dump(), **({} if extra is None else extra().model_dump())})
     flags = _parse(model, argv, prog, description, default)
     drop = set(_CONFIG_FLAGS) | (set(extra.model_fields) if extra is not None else set())
-    cfg = _validate(TrainConfig, flags.model_dump(exclude=drop), "flags")
+    cfg = _validate(TrainConfig, {**flags.model_dump(exclude=drop), "agent": base.agent}, "flags")
     return cfg, flags, auto
 
 
@@ -176,6 +212,21 @@ def _check_env(env_id: str, kwargs: dict[str, Any]) -> None:
         make(env_id, **kwargs)
     except (ValueError, TypeError, ImportError, AttributeError, SandboxError) as e:
         raise UsageError(f"environment {env_id}: {e}") from None
+
+
+def _check_agent(cfg: TrainConfig) -> None:
+    """Load the agent, its tasks and hooks once, so that a bad path or signature fails before any other work."""
+    try:
+        from agentrl.gateway.agent import Agent, AgentError
+    except ImportError as e:
+        raise UsageError(str(e)) from None
+    try:
+        Agent(cfg.agent, heldout_count=cfg.eval.episodes, seed_offset=cfg.eval.seed_offset)
+    except (AgentError, ImportError, SyntaxError) as e:
+        raise UsageError(str(e)) from None
+    if cfg.model is None and cfg.agent.demos is None and cfg.sft.warm_start is None:
+        raise UsageError("--agent without --model: the tiny policy is warm-started on the agent's demonstrations; give "
+                         "--agent.demos FILE.jsonl (its conversations in OpenAI's format), or --model FOLDER")
 
 
 def _check_expert(env_id: str, kwargs: dict[str, Any]) -> None:
@@ -202,7 +253,7 @@ def _check_device(device: str) -> None:
 TRAIN_HELP = ("RL on an environment. Without --model, builds a tiny policy for the environment and warm-starts it by "
               "SFT on noisy expert demonstrations (cached under $AGENTRL_CACHE, default ~/.cache/agentrl), then rolls "
               "out groups, assigns credit with --algo and updates with the shared PPO-clip loss. Writes config.yaml, "
-              "metrics.jsonl, store/*.parquet, checkpoint/ and summary.json into the run folder.")
+              "metrics.jsonl, store/*.parquet, checkpoint/ and summary.json into the run folder. " + AGENT_HELP)
 
 
 class RunFlags(Strict):
@@ -334,9 +385,12 @@ def cmd_train(argv: Sequence[str]) -> int:
     if flags.print_config:
         print(cfg.to_yaml(), end="")
         return 0
-    _check_env(cfg.env.id, cfg.env.kwargs)
-    if cfg.model is None and cfg.sft.warm_start is None:
-        _check_expert(cfg.env.id, cfg.env.kwargs)
+    if cfg.agent is not None:
+        _check_agent(cfg)
+    else:
+        _check_env(cfg.env.id, cfg.env.kwargs)
+        if cfg.model is None and cfg.sft.warm_start is None:
+            _check_expert(cfg.env.id, cfg.env.kwargs)
     _check_device(cfg.device)
     from agentrl.distributed import launched
 
@@ -775,15 +829,29 @@ class ServeEnvCommand(Strict):
     target: Annotated[str, tyro.conf.Positional] = Field(description="The environment to serve: a registered id "
                                                          "(agentrl/Vault-v0), module:Class or path/to/file.py:Class.")
     kw: list[str] = Field([], description="A constructor argument KEY=VALUE (repeatable).")
-    host: str = Field("127.0.0.1", description="The address to listen on; 127.0.0.1 keeps the env off the network "
-                      "(0.0.0.0 serves every interface: a served env runs the tools a client asks for).")
+    host: str = Field("127.0.0.1", description="The address to listen on; 127.0.0.1 keeps the env off the network. "
+                      "Any other address is refused without --allow-remote.")
     port: int = Field(8000, ge=0, le=65535, description="The port (OpenEnv's usual 8000); 0 takes a free one.")
     max_sessions: int = Field(256, ge=1, description="Concurrent OpenEnv sessions (one env instance each). A training "
                               "run holds one per rollout env and one per held-out env (the defaults: 64 + 128), so 256 "
                               "serves `agentrl train` on its defaults with room for a second client.")
+    allow_remote: bool = Field(False, description="Serve on a --host that is not a loopback address (0.0.0.0: every "
+                               "interface). Off by default, refused rather than warned about: a served env runs the "
+                               "tools any client with the token asks for, and plain HTTP carries the token in clear "
+                               "text, so serving a network is a decision to write down (put TLS in front of it).")
+    no_token: bool = Field(False, description="Serve without a token. By default every request must carry the token "
+                           "printed at start (from AGENTRL_ENV_TOKEN when that is set; agentrl's OpenEnvEnv reads it "
+                           "there), so that no other user of this machine, and no web page, can drive the env.")
+    tool_timeout: float = Field(60.0, gt=0, description="Wall-clock seconds one tool call may take; past it the "
+                                "policy reads that it timed out and the episode goes on (rollout.tool_timeout's "
+                                "default, so a served episode is the one a local rollout plays).")
+    idle_timeout: float = Field(300.0, gt=0, description="Seconds a session may wait for its client's next message "
+                                "before it is closed and its env freed, so that silent clients cannot hold every "
+                                "session. A turn's generation must fit in it; agentrl's OpenEnvEnv reopens a session "
+                                "closed between episodes at its next reset.")
     mcp: bool = Field(False, description="Serve the env's tools as an MCP server over stdio instead (one episode "
-                      "stream, one env: the client calls `reset`, then the env's tools; extra [mcp]); --host, --port "
-                      "and --max-sessions do not apply.")
+                      "stream, one env: the client calls `reset`, then the env's tools; extra [mcp]); --host, --port, "
+                      "--max-sessions, --allow-remote, --no-token and --idle-timeout do not apply.")
 
 
 def cmd_serve_env(argv: Sequence[str]) -> int:
@@ -792,6 +860,17 @@ def cmd_serve_env(argv: Sequence[str]) -> int:
                  "(agentrl.adapters.openenv:OpenEnvEnv), or with --mcp its tools as an MCP server over stdio. Runs "
                  "until interrupted.")
     kwargs = _kv(cmd.kw, "--kw")
+    if not cmd.mcp:  # the doors first: nothing is imported or built for a server that may not start
+        from agentrl.adapters.serve import TOKEN_ENV, check_token, is_loopback, new_token
+
+        if not is_loopback(cmd.host) and not cmd.allow_remote:
+            raise UsageError(f"--host {cmd.host} is not a loopback address: a served env runs the tools its clients "
+                             "ask for; pass --allow-remote to serve it to the network")
+        from_env = os.environ.get(TOKEN_ENV) if not cmd.no_token else None
+        try:
+            token = None if cmd.no_token else check_token(from_env) if from_env else new_token()
+        except ValueError as e:
+            raise UsageError(f"{TOKEN_ENV}: {e}") from None
     with contextlib.redirect_stdout(sys.stderr if cmd.mcp else sys.stdout):  # --mcp: stdout is the protocol's
         _check_env(cmd.target, kwargs)  # a bad id or argument is refused before a server stack is imported
     if cmd.mcp:
@@ -799,7 +878,8 @@ def cmd_serve_env(argv: Sequence[str]) -> int:
         from agentrl.registry import make
 
         try:
-            serve_stdio(lambda: make(cmd.target, **kwargs), name=f"agentrl {cmd.target}")
+            serve_stdio(lambda: make(cmd.target, **kwargs), name=f"agentrl {cmd.target}",
+                        tool_timeout=cmd.tool_timeout)
         except (ImportError, ValueError) as e:  # no mcp package; an env tool that takes the name `reset`
             raise UsageError(f"serve-env --mcp {cmd.target}: {e}") from None
         except KeyboardInterrupt:
@@ -811,11 +891,20 @@ def cmd_serve_env(argv: Sequence[str]) -> int:
         raise UsageError(str(e)) from None
 
     def ready(url: str) -> None:
-        print(f"serving {cmd.target} over OpenEnv at {url} (WebSocket {url.replace('http', 'ws', 1)}/ws); "
-              f"a client: agentrl.adapters.openenv:OpenEnvEnv url={url}", flush=True)
+        said = ("no token (--no-token): any local program can drive it" if token is None else
+                f"token from {TOKEN_ENV}" if from_env else f"token {token}")
+        print(f"serving {cmd.target} over OpenEnv at {url} (WebSocket {url.replace('http', 'ws', 1)}/ws); {said}; "
+              f"a client: {'' if token is None else TOKEN_ENV + '=<token> '}agentrl.adapters.openenv:OpenEnvEnv "
+              f"url={url}", flush=True)
+        if not is_loopback(cmd.host):
+            _err(f"serving {cmd.target} to the network on {cmd.host} (--allow-remote): whoever reaches this port "
+                 + ("runs its tools, with no token asked" if token is None else "with the token runs its tools, and "
+                    "plain HTTP shows the token to the network: put TLS in front of it"))
 
     try:
-        serve(cmd.target, kwargs, host=cmd.host, port=cmd.port, max_sessions=cmd.max_sessions, on_ready=ready)
+        serve(cmd.target, kwargs, host=cmd.host, port=cmd.port, max_sessions=cmd.max_sessions, on_ready=ready,
+              token=token, allow_remote=cmd.allow_remote, tool_timeout=cmd.tool_timeout,
+              idle_timeout=cmd.idle_timeout)
     except (ValueError, TypeError, AttributeError) as e:
         raise UsageError(f"environment {cmd.target}: {e}") from None
     except OSError as e:

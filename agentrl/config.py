@@ -422,6 +422,10 @@ class AgentConfig(Strict):
                                "that returns None. None: the agent module's `verify`, if it has one.")
     state_key: str | None = Field(None, description="file.py:fn or module:fn, fn(task, messages) -> hashable, the "
                                   "state before each call, for step-level grouping (gigpo).")
+    demos: str | None = Field(None, description="Demonstrations of the agent (a JSONL file of OpenAI-format "
+                              "conversations with tool_calls, as `agentrl sft --data` reads): with no model, the tiny "
+                              "policy and its tokenizer are built from them and warm-started on them (cached), since "
+                              "a fresh model speaks no tool-call syntax.")
     gateway: GatewayConfig = Field(default_factory=GatewayConfig, description="The endpoint the agent calls.")
 
 
@@ -433,7 +437,7 @@ class TrainConfig(Strict):
     preset: Literal["dapo", "dr-grpo"] | None = Field(None, description="Fills in the named recipe's settings that you "
                                                       "did not set.")
     env: EnvConfig = Field(default_factory=EnvConfig, description="The environment to train in.")
-    agent: AgentConfig | None = Field(None, description="Train an agent of your own through the OpenAI-compatible "
+    agent: Annotated[AgentConfig | None, Suppress] = Field(None, description="Train an agent of your own through the OpenAI-compatible "
                                       "gateway instead of env (docs/gateway.md); on the command line --agent FILE:FN.")
     model: str | None = Field(None, description="HF hub id or folder. None builds the tiny policy and warm-starts it "
                               "by SFT (cached).")
@@ -554,8 +558,77 @@ def _deep_update(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     return base
 
 
+# Where a config enters (a file, a --set value), it is bounded before it is built. A real config is a page of
+# settings: 1 MiB holds any one many times over, and a bigger file is refused from its size alone, before it is
+# read (PyYAML parses about 1 MB a second, so a 50 MB file would hold the command for a minute).
+MAX_CONFIG_BYTES = 1 << 20
+# Anchors and aliases stay allowed (a config may name a block once and reuse it), but YAML shares an aliased node
+# and everything that writes the config out (config.yaml, --print-config, the log) expands it: nine levels of ten
+# aliases are 10^9 values from 600 bytes. So the loaded value is counted as if every alias were written out, on the
+# parsed node graph (each distinct node once) before anything is built, and refused past this many values.
+MAX_CONFIG_NODES = 100_000
+
+
+def load_yaml(text: str, where: str) -> Any:
+    r"""`text` parsed as YAML (PyYAML's safe loader), refused where it is over `MAX_CONFIG_BYTES` or its aliases
+    expand past `MAX_CONFIG_NODES` values; `where` (a file, ``--set KEY``) begins the message.
+
+    >>> load_yaml("a: &x [1, 2]\nb: *x", "f.yaml")
+    {'a': [1, 2], 'b': [1, 2]}
+    >>> tens = ["a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"] + [f"{n}: &{n} [{', '.join(['*' + p] * 10)}]"
+    ...                                                  for p, n in zip("abcd", "bcde")]
+    >>> load_yaml("\n".join(tens), "f.yaml")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: f.yaml: its anchors and aliases expand to over 100,000 values (an alias bomb?); ...
+    """
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ValueError(f"{where}: {len(text):,} characters, over the limit of {MAX_CONFIG_BYTES:,} for a config")
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_size(node, {})
+        return loader.construct_document(node)
+    except _OverBudget as e:
+        raise ValueError(f"{where}: {e}") from None
+    except RecursionError:
+        raise ValueError(f"{where}: nested deeper than the YAML reader can follow") from None
+    finally:
+        loader.dispose()
+
+
+class _OverBudget(Exception):
+    pass
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """How many values `node` stands for with every alias written out. An alias is the very node its anchor named,
+    so each distinct node is counted once and its size remembered (`sizes`, by id; -1 while inside it)."""
+    size = sizes.get(id(node))
+    if size is not None:
+        if size < 0:
+            raise _OverBudget("an alias refers to a node that contains it, which expands without end")
+        return size
+    sizes[id(node)] = -1
+    size = 1
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [child for pair in node.value for child in pair]
+    else:
+        children = []
+    for child in children:
+        size += _expanded_size(child, sizes)
+        if size > MAX_CONFIG_NODES:
+            raise _OverBudget(f"its anchors and aliases expand to over {MAX_CONFIG_NODES:,} values (an alias bomb?); "
+                              "a config may reuse a block, not multiply one")
+    sizes[id(node)] = size
+    return size
+
+
 def parse_override(item: str) -> dict[str, Any]:
-    """`rollout.group_size=4` -> {"rollout": {"group_size": 4}} (values parsed as YAML).
+    """`rollout.group_size=4` -> {"rollout": {"group_size": 4}} (values parsed as YAML, bounded as a file is).
 
     >>> parse_override("env.kwargs.locks=4")
     {'env': {'kwargs': {'locks': 4}}}
@@ -565,7 +638,7 @@ def parse_override(item: str) -> dict[str, Any]:
     if not sep or not all(p.strip() for p in parts):
         raise ValueError(f"--set expects KEY=VALUE with a dotted key such as rollout.group_size=4, got {item!r}")
     try:
-        value = yaml.safe_load(raw) if raw else ""
+        value = load_yaml(raw, f"--set {key}") if raw else ""
     except yaml.YAMLError as e:
         raise ValueError(f"--set {key}: the value {raw!r} is not valid YAML ({getattr(e, 'problem', e)})") from None
     out: dict[str, Any] = {}
@@ -577,12 +650,20 @@ def parse_override(item: str) -> dict[str, Any]:
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """A config file as a mapping; a missing file or a YAML error names the file (and the line)."""
+    """A config file as a mapping; a missing file, one over `MAX_CONFIG_BYTES`, a YAML error or an alias bomb
+    names the file (and the line)."""
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"config file {p} does not exist")
+    too_big = f"config file {p} is {{:,}} bytes, over the limit of {MAX_CONFIG_BYTES:,} (1 MiB) for a config"
+    if (size := p.stat().st_size) > MAX_CONFIG_BYTES:
+        raise ValueError(too_big.format(size))
+    with p.open("rb") as f:
+        raw = f.read(MAX_CONFIG_BYTES + 1)  # a file that grew after the stat is cut here
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ValueError(too_big.format(len(raw)))
     try:
-        loaded = yaml.safe_load(p.read_text())
+        loaded = load_yaml(raw.decode(), str(p))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(p)

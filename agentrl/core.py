@@ -463,6 +463,9 @@ class Turn:
     # the ids the model was given before this action when they are not the running sequence: the chat
     # template rewrote the history (dropped an earlier <think>, say), so this turn opens a new segment
     segment_context: list[int] | None = None
+    # the policy update that sampled this action, where it may differ from the episode's (an agent's session
+    # behind the gateway can outlive an update); None: the episode's `policy_version`
+    policy_version: int | None = None
 
 
 @dataclass

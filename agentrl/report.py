@@ -22,8 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from agentrl.config import read_yaml
 from agentrl.health import ALARMS, ENTROPY_COLLAPSE, KL_DRIFT, HealthConfig, alarm_spans, replay, series
 from agentrl.pages import figure, page, png, pyplot, table
 
@@ -80,7 +79,7 @@ def read_metrics(path: Path | str) -> tuple[list[Row], bool]:
 def _health_config(run: Path) -> HealthConfig:
     cfg_file = run / "config.yaml"
     if cfg_file.is_file():
-        data = yaml.safe_load(cfg_file.read_text()) or {}
+        data = read_yaml(cfg_file)  # bounded in size and alias expansion, as any config the user gives
         if isinstance(data.get("health"), dict):
             return HealthConfig(**data["health"])
     return HealthConfig()

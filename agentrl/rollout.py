@@ -21,7 +21,7 @@ import collections
 import concurrent.futures as cf
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.chat.layout import ChatFormat, rerender_check
@@ -50,6 +50,7 @@ class RolloutStats:
     prefill_tokens_saved: int = 0  # ... and those it skipped because rows shared a prompt (share_prefill)
     positions_attended: int = 0  # cache positions the engine's forwards attended over (rows x width), and
     positions_padding: int = 0  # ... of them, holes and padding (an engine that does not count them: 0)
+    extra: dict[str, float] = field(default_factory=dict)  # metrics of the source's own (gateway/...)
 
     @property
     def tokens_per_second(self) -> float:

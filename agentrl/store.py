@@ -33,6 +33,7 @@ TURN_TYPE = pa.struct(
         ("malformed", pa.int32()),
         ("hidden", pa.list_(pa.float32())),
         ("segment_context", pa.list_(pa.int32())),  # absent in stores written before segments: None
+        ("policy_version", pa.int64()),  # absent in stores written before the gateway: None
     ]
 )
 SCHEMA = pa.schema(

@@ -161,8 +161,15 @@ def eval_sampling(cfg: TrainConfig) -> SamplingConfig:
     return cfg.rollout.sampling.model_copy(update={"temperature": cfg.eval.temperature})
 
 
+def agent_runner(cfg: TrainConfig) -> Any:
+    """The gateway and the user's agent for a run with `cfg.agent` (agentrl.gateway.agent); close it after."""
+    from agentrl.gateway.agent import Agent, AgentRunner
+
+    return AgentRunner(Agent(cfg.agent, heldout_count=cfg.eval.episodes, seed_offset=cfg.eval.seed_offset))
+
+
 def evaluate(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig | None, max_context: int,
-             ranks: Ranks | None = None, say: Callable[[str], None] | None = None) -> EvalResult:
+             ranks: Ranks | None = None, say: Callable[[str], None] | None = None, runner: Any = None) -> EvalResult:
     """Pass rate on the held-out seeds (the same seeds every time, so evaluations compare), sampled
     with `sampling` (None: `eval_sampling(cfg)`). With `ranks`, each process rolls out its block of
     the seeds and the episodes are gathered: every rank returns the same result. An evaluation that
@@ -171,12 +178,19 @@ def evaluate(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig | None, 
     sampling = sampling or eval_sampling(cfg)
     n = cfg.eval.episodes
     lo, hi = ranks.block(n) if ranks is not None else (0, n)
-    kwargs = heldout_env_kwargs(cfg)
-    envs = [make(cfg.env.id, **kwargs) for _ in range(lo, hi)]
     seeds = [cfg.eval.seed_offset + i for i in range(lo, hi)]
     engine = make_engine(cfg, policy, sampling, seed=cfg.seed + 12345)
 
     def roll() -> list[Episode]:
+        if cfg.agent is not None:  # the agent's held-out tasks, through its gateway (one of its own if none is given)
+            own = runner or agent_runner(cfg)
+            try:
+                return own.rollout(engine, policy.chat, seeds, max_context=max_context, row_offset=lo,
+                                   on_episode=progress("held-out evaluation", say))[0]
+            finally:
+                if own is not runner:
+                    own.close()
+        envs = [make(cfg.env.id, **heldout_env_kwargs(cfg)) for _ in range(lo, hi)]
         with make_pool(cfg.rollout.env_workers, cfg.rollout.tool_timeout, cfg.rollout.tool_timeouts) as pool:
             return rollout(envs, seeds, engine, policy.chat, max_context=max_context,
                            max_new_tokens=sampling.max_new_tokens, workers=pool,
@@ -315,8 +329,14 @@ class Trainer:
         opt = adamw(self.trainable, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
         self.model, self.optimizer = self.accelerator.prepare(self.policy.model, opt)
         lo, hi = ranks.block(cfg.rollout.groups)  # this rank's groups of every update
-        self.envs = [make(cfg.env.id, **cfg.env.kwargs) for _ in range((hi - lo) * cfg.rollout.group_size)]
-        if (iso := isolation_of(self.envs[0])) is not None:  # policy-written code runs: say how it is held
+        # where episodes come from: the env's copies, one per row, or an agent of the user's own through the gateway
+        self.envs = [] if cfg.agent else [make(cfg.env.id, **cfg.env.kwargs)
+                                          for _ in range((hi - lo) * cfg.rollout.group_size)]
+        self.runner = agent_runner(cfg) if cfg.agent else None
+        if self.runner is not None:
+            self.monitor.say(f"agent {cfg.agent.entry}: calls the policy through the gateway at {self.runner.base_url} "
+                             "(docs/gateway.md)")
+        elif (iso := isolation_of(self.envs[0])) is not None:  # policy-written code runs: say how it is held
             self.monitor.say(iso.summary() + "".join(f"\n  {r}" for r in iso.reasons))
         self.owner: dict[int, int] = {}  # group id -> the rank that rolled it out (its rows' gradient is that rank's)
         # rollouts that run ahead generate from a copy of the weights (the actor), refreshed after every update
@@ -349,7 +369,7 @@ class Trainer:
                            temperature=cfg.rollout.sampling.temperature,
                            base_temperature=cfg.rollout.sampling.temperature,
                            dynamic_sampling=cfg.credit.dynamic_sampling if self.spec.resampling else None,
-                           verifier_tests=getattr(self.envs[0], "hidden_per_episode", None))
+                           verifier_tests=getattr(self.envs[0], "hidden_per_episode", None) if self.envs else None)
         self.history: list[dict[str, Any]] = []  # every logged row: what the alarms read
         self.last_acted: dict[str, float] = {}  # intervention -> step it last acted (cooldowns)
         # where the loop stands: the last update done, the held-out evaluations the summary reads, why it stopped
@@ -497,7 +517,7 @@ class Trainer:
 
     def evaluate(self) -> EvalResult:
         """The held-out evaluation, split over the ranks."""
-        return evaluate(self.cfg, self.policy, self.eval_sampling, self.max_context, self.ranks)
+        return evaluate(self.cfg, self.policy, self.eval_sampling, self.max_context, self.ranks, runner=self.runner)
 
     # -- health: the knobs interventions turn, and the parts that read them -------------------------
 
@@ -560,6 +580,7 @@ class Trainer:
         self.owner = {}
         prefill = [0, 0]  # prompt tokens the engine ran, and skipped by sharing them (this rank's, every attempt)
         attended = [0, 0]  # cache positions the engine's forwards attended over, and of them padding
+        own: dict[str, float] = {}  # the source's own metrics (gateway/...), of the last attempt
         for attempt in range(1 + extra):
             # every rank draws the whole update's task seeds and rolls out its own block of the groups
             task_seeds = self.task_rng.integers(0, cfg.eval.seed_offset, size=cfg.rollout.groups).tolist()
@@ -569,17 +590,23 @@ class Trainer:
                                for g in range(*self.ranks.block(cfg.rollout.groups, r))})
             self.next_group += cfg.rollout.groups
             # a failure on one rank is raised on all, or the others would wait in the gather below
-            episodes, rstats = self.ranks.together(f"update {update}: rollout", functools.partial(
-                rollout, self.envs, seeds, self.engine, self.policy.chat, group_ids=gids, max_context=self.max_context,
-                max_new_tokens=cfg.rollout.sampling.max_new_tokens, workers=self.workers,
-                max_batch_rows=cfg.rollout.max_batch_rows, policy_version=version, schedule=cfg.rollout.schedule,
-                row_offset=lo * G))
+            if self.runner is not None:
+                roll = functools.partial(self.runner.rollout, self.engine, self.policy.chat, seeds, group_ids=gids,
+                                         max_context=self.max_context, policy_version=version, row_offset=lo * G)
+            else:
+                roll = functools.partial(
+                    rollout, self.envs, seeds, self.engine, self.policy.chat, group_ids=gids,
+                    max_context=self.max_context, max_new_tokens=cfg.rollout.sampling.max_new_tokens,
+                    workers=self.workers, max_batch_rows=cfg.rollout.max_batch_rows, policy_version=version,
+                    schedule=cfg.rollout.schedule, row_offset=lo * G)
+            episodes, rstats = self.ranks.together(f"update {update}: rollout", roll)
             name = f"update_{update:05d}_{attempt}" + (f".rank{self.ranks.rank}" if self.ranks.world > 1 else "")
             path = TrajectoryStore(episodes).save(self.out / "store" / f"{name}.parquet")  # this rank's shard
             episodes = self.ranks.gather_lists(episodes)  # the whole update, in group order
             _raise_on_errors(episodes, path.parent if self.ranks.world > 1 else path)
             all_eps += episodes
             self._report_layout(rstats)
+            own.update(rstats.extra)
             prefill[0] += rstats.prefill_tokens
             prefill[1] += rstats.prefill_tokens_saved
             attended[0] += rstats.positions_attended
@@ -590,7 +617,7 @@ class Trainer:
             kept += [e for grp in _groups(episodes) if len({x.reward for x in grp}) > 1 for e in grp]
             if len(kept) >= cfg.rollout.groups * G:
                 break
-        metrics = rollout_metrics(all_eps, time.perf_counter() - t0)
+        metrics = {**rollout_metrics(all_eps, time.perf_counter() - t0), **own}
         if any(prefill):
             metrics["rollout/prefill_tokens"], metrics["rollout/prefill_tokens_saved"] = map(float, prefill)
         if attended[0]:  # the share of attention spent on cache holes and padding (torch engine)
@@ -902,6 +929,8 @@ class Trainer:
             return self._train(warm)
         finally:
             self.phase.close()
+            if self.runner is not None:
+                self.runner.close()
             for s, h in handlers.items():
                 signal.signal(s, h)
 
@@ -911,7 +940,7 @@ class Trainer:
         trained = sum(p.numel() for p in self.trainable)
         self.monitor.say(f"policy: {self.policy.num_parameters:,} parameters ({trained:,} trained); assigner: "
                          f"{cfg.algo}; {cfg.updates} updates of {cfg.rollout.groups}x{cfg.rollout.group_size} episodes "
-                         f"on {cfg.env.id}")
+                         f"on {cfg.agent.entry if cfg.agent else cfg.env.id}")
         if self.warm is None:  # a fresh run (a resumed one has it from its checkpoint)
             self.phase("warm-eval", 0)
             self.warm = warm or self.evaluate()

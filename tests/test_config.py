@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 import pytest
 import yaml
@@ -13,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from agentrl.algorithms import ASSIGNERS
 from agentrl.cli import main
-from agentrl.config import TrainConfig, load_config, parse_override
+from agentrl.config import TrainConfig, load_config, parse_override, read_yaml
 
 
 def test_defaults_and_presets():
@@ -197,3 +199,81 @@ def test_an_engine_that_needs_cuda_is_refused_on_cpu_before_it_is_imported(monke
 def test_unknown_command_suggests_the_nearest(capsys):
     assert main(["trian"]) == 2
     assert "did you mean 'train'" in capsys.readouterr().err
+
+
+def _alias_bomb() -> list[str]:
+    """A billion laughs: ten x's, then eight levels that each alias the level below ten times (10^9 leaves)."""
+    levels = ["a: &a [x,x,x,x,x,x,x,x,x,x]"]
+    levels += [f"{n}: &{n} [{','.join(['*' + p] * 10)}]" for p, n in zip("abcdefgh", "bcdefghi")]
+    return levels
+
+
+@contextmanager
+def _within(seconds: float):
+    """Stop the block with TimeoutError past `seconds` (the code before the bound parsed a 50 MB file for minutes)."""
+    def stop(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+    before = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+
+
+def test_an_alias_bomb_config_file_is_refused_at_once_naming_the_file(tmp_path):
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("env:\n  kwargs:\n" + "".join(f"    {line}\n" for line in _alias_bomb()))
+    assert bomb.stat().st_size < 600
+    t = time.perf_counter()
+    with _within(5), pytest.raises(ValueError) as e:
+        read_yaml(bomb)
+    assert time.perf_counter() - t < 1.0
+    assert str(e.value).startswith(f"{bomb}: its anchors and aliases expand to over 100,000 values")
+
+
+def test_an_alias_bomb_in_a_set_value_is_refused_naming_the_key():
+    value = "[" + ", ".join(line.split(": ", 1)[1] for line in _alias_bomb()) + "]"
+    assert len(value) < 470
+    t = time.perf_counter()
+    with _within(5), pytest.raises(ValueError) as e:
+        parse_override("env.kwargs.laughs=" + value)
+    assert time.perf_counter() - t < 1.0
+    assert str(e.value).startswith("--set env.kwargs.laughs: its anchors and aliases expand to over 100,000 values")
+    with pytest.raises(ValueError, match="--set env.kwargs.me: an alias refers to a node that contains it"):
+        parse_override("env.kwargs.me=&me [*me]")
+
+
+def test_the_cli_refuses_an_alias_bomb_in_bounded_memory(tmp_path):
+    # before the bound, --print-config wrote the 10^9 values out: here that is a MemoryError under a 3 GiB cap
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("env:\n  kwargs:\n" + "".join(f"    {line}\n" for line in _alias_bomb()))
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30)); "
+            "from agentrl.cli import main; sys.exit(main(sys.argv[1:]))")
+    out = subprocess.run([sys.executable, "-c", code, "train", "--config", str(bomb), "--print-config"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr[-500:]
+    assert f"--config: {bomb}: its anchors and aliases expand to over 100,000 values" in out.stderr
+    assert "Traceback" not in out.stderr and not out.stdout
+
+
+def test_a_config_file_over_the_size_limit_is_refused_before_it_is_read(tmp_path):
+    big = tmp_path / "big.yaml"
+    big.write_text("env:\n  kwargs:\n" + "    key: a value that is ordinary YAML\n" * 1_300_000)  # 50 MB
+    size = big.stat().st_size
+    assert size > 50_000_000
+    t = time.perf_counter()
+    with _within(5), pytest.raises(ValueError) as e:
+        read_yaml(big)
+    assert time.perf_counter() - t < 1.0
+    assert str(e.value) == f"config file {big} is {size:,} bytes, over the limit of 1,048,576 (1 MiB) for a config"
+
+
+def test_a_config_that_reuses_a_block_through_an_alias_still_loads(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("rollout:\n  sampling: {temperature: &t 0.7, top_p: 0.9}\neval:\n  temperature: *t\n"
+                    "env:\n  kwargs:\n    explore: &lock {locks: 3, noise: 0.1}\n    exploit: *lock\n")
+    cfg = load_config(path)
+    assert (cfg.rollout.sampling.temperature, cfg.eval.temperature) == (0.7, 0.7)
+    assert cfg.env.kwargs == {"explore": {"locks": 3, "noise": 0.1}, "exploit": {"locks": 3, "noise": 0.1}}

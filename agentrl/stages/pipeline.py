@@ -30,7 +30,7 @@ from agentrl.policy import Policy
 from agentrl.registry import make
 from agentrl.rollout import rollout
 from agentrl.stages.dpo import DPOConfig, pairs_from_episodes, train_preferences
-from agentrl.stages.warm_start import KEY_FILE, warm_start
+from agentrl.stages.warm_start import KEY_FILE, warm_start, warm_start_from_data
 
 
 def warm_start_record(folder: Path) -> dict[str, Any]:
@@ -56,8 +56,15 @@ def train(cfg: TrainConfig, monitor: Monitor | None = None, decisions: dict[str,
         say = monitor.say if monitor is not None else None
         # several processes: the main one builds (or finds) the cached warm start, then the others find it
         with Ranks(cpu=resolve_device(cfg.device).type == "cpu").main_first():
-            start = warm_start(cfg.env.id, cfg.env.kwargs, cfg.tiny, cfg.sft, cfg.seed,
-                               **({"say": say} if say else {}))
+            if cfg.agent is not None:  # the agent's own demonstrations, not an env's expert
+                if cfg.agent.demos is None and not cfg.sft.warm_start:
+                    raise ValueError("an agent with no model needs demonstrations to warm-start the tiny policy: "
+                                     "give --agent.demos FILE.jsonl (its conversations in OpenAI's format), or a "
+                                     "model (--model FOLDER, e.g. one `agentrl sft --data` saved)")
+                start = warm_start_from_data(cfg.agent.demos or "", cfg.tiny, cfg.sft, cfg.seed, say=say)
+            else:
+                start = warm_start(cfg.env.id, cfg.env.kwargs, cfg.tiny, cfg.sft, cfg.seed,
+                                   **({"say": say} if say else {}))
         decisions["warm_start"] = warm_start_record(Path(start))
     return Trainer(cfg, monitor=monitor, start=start, decisions=decisions, resume=resume, overwrite=overwrite).train()
 

@@ -370,3 +370,49 @@ def _auto_warm_start(env_id: str, env_kwargs: dict[str, Any], tiny: TinyModelCon
         shutil.rmtree(folder, ignore_errors=True)
     tmp.replace(folder)
     return folder
+
+
+def warm_start_from_data(data: str | Path, tiny: TinyModelConfig, sft_cfg: Any, seed: int,
+                         say: Callable[[str], None] | None = None) -> Path:
+    """The tiny policy built from a file of demonstrations (OpenAI-format conversations, `agentrl.stages.data`) and
+    fine-tuned on them, once: for an agent trained through the gateway, whose demonstrations are its own logged
+    conversations rather than an env's scripted expert. Cached under a key of the file's bytes and the settings."""
+    from agentrl.stages.data import load_conversations, to_episode
+    from agentrl.stages.sft import tiny_policy_from_conversations
+
+    say = say or agentrl_log.say(__name__)
+    if sft_cfg.warm_start:
+        return warm_start("", {}, tiny, sft_cfg, seed, say=say)
+    path = Path(data)
+    if not path.is_file():
+        raise FileNotFoundError(f"agent.demos: no file {path}")
+    parts = {"data_sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "tiny": tiny.model_dump(),
+             "epochs": sft_cfg.epochs, "lr": sft_cfg.lr_for(pretrained=False), "batch_size": sft_cfg.batch_size,
+             "seed": seed}
+    root = cache_root() / "warm"
+    folder = root / key_of(parts)
+    if (folder / "warm_start.json").is_file() and not sft_cfg.rebuild:
+        say(f"warm start: cached at {folder}")
+        return folder
+    convs = [c for _, c in load_conversations(path)]
+    say(f"warm start: building the tiny policy from the {len(convs)} demonstrations in {path} ({sft_cfg.epochs} "
+        "epochs)")
+    torch.manual_seed(seed)
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    policy = tiny_policy_from_conversations(convs, tmp, tiny, seed=seed)
+    demos = [to_episode(c, policy.chat, group_id=n) for n, c in enumerate(convs)]
+    metrics = sft(policy.model, demos, policy.chat.pad_id, epochs=sft_cfg.epochs, lr=sft_cfg.lr_for(pretrained=False),
+                  batch_size=sft_cfg.batch_size, seed=seed, log=progress_lines(say))
+    metrics.update({"demonstrations": len(demos), "demo_pass_rate": sum(d.passed for d in demos) / len(demos),
+                    "data": str(path), "parameters": policy.num_parameters})
+    policy.save(tmp)
+    (tmp / KEY_FILE).write_text(json.dumps(parts, indent=2, default=str))
+    (tmp / "warm_start.json").write_text(json.dumps(metrics, indent=2))
+    if folder.exists():
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+    tmp.replace(folder)
+    say(f"warm start: {policy.num_parameters:,} parameters, SFT loss {metrics['sft/loss']:.3f} in "
+        f"{metrics['sft/seconds']:.0f}s, saved to {folder}")
+    return folder
