@@ -109,10 +109,10 @@ def _kv(items: Sequence[str], flag: str) -> dict[str, Any]:
 AGENT_FLAGS = {"--agent": "entry", "--agent.tasks": "tasks", "--agent.heldout": "heldout", "--agent.demos": "demos",
                "--agent.verify": "verify", "--agent.state-key": "state_key"}
 AGENT_HELP = ("An agent of your own instead of an env: --agent FILE.py:solve (solve(task, client) calls the policy "
-              "through an OpenAI client and returns its reward), --agent.tasks FILE.jsonl|FILE.py:fn (default: the module's "
-              "tasks(seed)), --agent.heldout FILE.jsonl, --agent.demos FILE.jsonl (OpenAI-format conversations that "
-              "warm-start the tiny policy), --agent.verify FILE.py:fn, --agent.state-key FILE.py:fn; gateway limits "
-              "with --set agent.gateway.KEY=VALUE (docs/gateway.md).")
+              "through an OpenAI client and returns its reward), --agent.tasks FILE.jsonl|FILE.py:fn (default: the "
+              "module's tasks(seed)), --agent.heldout FILE.jsonl, --agent.demos FILE.jsonl (OpenAI-format "
+              "conversations that warm-start the tiny policy), --agent.verify FILE.py:fn, --agent.state-key "
+              "FILE.py:fn; gateway limits with --set agent.gateway.KEY=VALUE (docs/gateway.md).")
 
 
 def _agent_flags(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:

@@ -437,8 +437,10 @@ class TrainConfig(Strict):
     preset: Literal["dapo", "dr-grpo"] | None = Field(None, description="Fills in the named recipe's settings that you "
                                                       "did not set.")
     env: EnvConfig = Field(default_factory=EnvConfig, description="The environment to train in.")
-    agent: Annotated[AgentConfig | None, Suppress] = Field(None, description="Train an agent of your own through the OpenAI-compatible "
-                                      "gateway instead of env (docs/gateway.md); on the command line --agent FILE:FN.")
+    agent: Annotated[AgentConfig | None, Suppress] = Field(
+        None, description="Train an agent of your own through the OpenAI-compatible gateway instead of env "
+        "(docs/gateway.md); on the command line --agent FILE.py:solve and --agent.* (not generated: `agentrl train "
+        "--help` lists them).")
     model: str | None = Field(None, description="HF hub id or folder. None builds the tiny policy and warm-starts it "
                               "by SFT (cached).")
     tool_format: str | None = Field(None, description="How the model writes tool calls, a key of "
