@@ -6,6 +6,10 @@ The expected count is this file's own reckoning: every piece of an action is dra
 what it is (text, a good call, a malformed call, an unclosed call at the end), so the oracle never
 asks the parser. Random text never holds ``<`` and garbage bodies never hold ``"``, so that no piece
 can become a tag or a well-formed call by accident.
+
+The same reckoning then runs for every family in `agentrl.chat.FORMATS`, its calls written by the
+family's own `render`: good ones, and well-written ones the env must refuse (an unknown tool, a missing
+or mistyped argument).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agentrl.chat import FORMATS, ToolFormat, get_format
 from agentrl.core import AgentEnv, EnvError
 
 TOOLS = ("add", "echo", "boom", "submit")
@@ -80,10 +85,14 @@ def tag(body: str, space: str = "") -> str:
     return f"<tool_call>{space}{body}{space}</tool_call>"
 
 
-def good_call(rnd: random.Random) -> tuple[str, str]:
+def good_arguments(rnd: random.Random) -> tuple[str, dict]:
     name = rnd.choice(TOOLS)
-    args = {"add": lambda: {"x": an_int(rnd)}, "echo": lambda: {"text": text(rnd)}, "boom": dict,
-            "submit": lambda: {"answer": an_int(rnd)}}[name]()
+    return name, {"add": lambda: {"x": an_int(rnd)}, "echo": lambda: {"text": text(rnd)}, "boom": dict,
+                  "submit": lambda: {"answer": an_int(rnd)}}[name]()
+
+
+def good_call(rnd: random.Random) -> tuple[str, str]:
+    name, args = good_arguments(rnd)
     as_string = rnd.random() < 0.3  # some models write the arguments as a JSON string
     body = json.dumps({"name": name, "arguments": json.dumps(args) if as_string else args},
                       ensure_ascii=rnd.random() < 0.5)
@@ -206,3 +215,49 @@ def test_step_never_raises_and_counts_every_malformed_call(plans, rnd):
         if terminated:
             ENV.reset(seed=0)
             episode_bad = 0
+
+
+# -- every family: the same reckoning, with calls written by the family's own `render` -----------------------
+
+# Calls that are well written in any family and still wrong for this env's tools: each is counted malformed.
+# (Not echo(text=5): a family that writes values as text reads it back as "5", a string, which is right.)
+FAMILY_BAD = [("eval", {}), ("add", {}), ("add", {"x": "abc"}), ("boom", {"y": 1})]
+WORDS = "abcxyz019 .,!?\n"  # text between calls: no bracket, brace, "<" or quote, so never a call in any family
+
+
+def family_action(fmt: ToolFormat, pieces: list[str], rnd: random.Random) -> tuple[str, list[str]]:
+    made = []
+    for piece in pieces:
+        if piece in ("text", "stray-closer"):
+            made.append((text(rnd, WORDS), "text"))
+        elif piece == "good":
+            name, args = good_arguments(rnd)
+            made.append((fmt.render([(name, args)]), f"good:{name}"))
+        else:
+            made.append((fmt.render([rnd.choice(FAMILY_BAD)]), "bad"))
+    return "".join(t for t, _ in made), [kind for _, kind in made]
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(plans=st.binary(min_size=8 * ACTIONS_PER_EXAMPLE, max_size=8 * ACTIONS_PER_EXAMPLE).map(plans_from),
+       rnd=st.integers(0, 2**32 - 1).map(random.Random))
+def test_each_family_steps_without_raising_and_counts_every_malformed_call(name, plans, rnd):
+    env = Fuzz()
+    env.tool_format = get_format(name)
+    env.reset(seed=0)
+    for pieces, _ in plans:
+        text, kinds = family_action(env.tool_format, pieces, rnd)
+        n_bad, raises, ran = expected(kinds)
+        env.calls.clear()
+        if raises:
+            with pytest.raises(EnvError, match="tool 'boom' raised KeyError"):
+                env.step(text)
+            env.reset(seed=0)
+            continue
+        obs, reward, terminated, truncated, info = env.step(text)
+        assert info["malformed"] == n_bad, text[:300]
+        assert env.calls == ran and terminated == ("submit" in ran)
+        if terminated:
+            env.reset(seed=0)

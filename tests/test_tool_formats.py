@@ -34,6 +34,7 @@ from agentrl.chat import (
 from agentrl.chat.format import example_arguments, matching_close
 
 NAMES = sorted(FORMATS)
+TEXT_VALUED = ("qwen3-coder", "glm-4.5")  # families that write values as text, typed by the tool's schema
 
 
 class Err(NamedTuple):
@@ -250,10 +251,143 @@ HARMONY = [
      [Err("must be a JSON object", "open")]),
 ]
 
+# DeepSeek's markers, spelled as its tokenizer spells them: fullwidth bars (U+FF5C) and U+2581 for spaces
+DS_CALLS, DS_CALLS_END = "<\uff5ctool\u2581calls\u2581begin\uff5c>", "<\uff5ctool\u2581calls\u2581end\uff5c>"
+DS_CALL, DS_CALL_END = "<\uff5ctool\u2581call\u2581begin\uff5c>", "<\uff5ctool\u2581call\u2581end\uff5c>"
+DS_SEP = "<\uff5ctool\u2581sep\uff5c>"
+
+
+def ds_v3(name: str, arguments: str) -> str:
+    """A call as the V3 and R1 templates write it: its type, its name on its line, its JSON in a fence."""
+    return f"{DS_CALL}function{DS_SEP}{name}\n```json\n{arguments}\n```{DS_CALL_END}"
+
+
+def ds_v31(name: str, arguments: str) -> str:
+    """A call as the V3.1 template writes it: the name, the separator, the JSON."""
+    return f"{DS_CALL}{name}{DS_SEP}{arguments}{DS_CALL_END}"
+
+
+DEEPSEEK = [
+    ("V3 single", DS_CALLS + ds_v3("open", '{"lock": 1, "code": 7}') + DS_CALLS_END
+     + "<\uff5cend\u2581of\u2581sentence\uff5c>", [("open", {"lock": 1, "code": 7})]),
+    ("V3 several, a line between", DS_CALLS + ds_v3("a", "{}") + "\n" + ds_v3("b", '{"x": 1}') + DS_CALLS_END,
+     [("a", {}), ("b", {"x": 1})]),
+    ("V3 values", DS_CALLS + ds_v3("f", json.dumps(VALUES)) + DS_CALLS_END, [("f", VALUES)]),
+    ("V3 without the fence", f'{DS_CALLS}{DS_CALL}function{DS_SEP}open\n{{"lock": 1}}{DS_CALL_END}{DS_CALLS_END}',
+     [("open", {"lock": 1})]),
+    ("R1 after its thinking", "<think>\nThe lock wants 7.\n</think>\n\n" + DS_CALLS + ds_v3("open", '{"lock": 1}')
+     + DS_CALLS_END, [("open", {"lock": 1})]),
+    ("V3.1 single", DS_CALLS + ds_v31("open", '{"lock": 1}') + DS_CALLS_END, [("open", {"lock": 1})]),
+    ("V3.1 several", DS_CALLS + ds_v31("a", "{}") + ds_v31("b", '{"x": [1, {"y": null}]}') + DS_CALLS_END,
+     [("a", {}), ("b", {"x": [1, {"y": None}]})]),
+    ("V3.1 arguments as a JSON string", DS_CALLS + ds_v31("f", '"{\\"x\\": 1}"') + DS_CALLS_END, [("f", {"x": 1})]),
+    ("text before", "Opening the lock." + DS_CALLS + ds_v31("open", '{"lock": 1}') + DS_CALLS_END,
+     [("open", {"lock": 1})]),
+    ("no call", "The answer is 42.", []),
+    ("unclosed section", DS_CALLS + ds_v3("open", '{"lock": 1}'),
+     [("open", {"lock": 1}), Err(f"never closed with {DS_CALLS_END}")]),
+    ("unclosed call", f'{DS_CALLS}{DS_CALL}open{DS_SEP}{{"lock": 1}}{DS_CALLS_END}',
+     [Err(f"never closed with {DS_CALL_END}")]),
+    ("a call holding the next one's start", DS_CALLS + DS_CALL + "open" + ds_v31("b", "{}") + DS_CALLS_END,
+     [Err(f"never closed with {DS_CALL_END}")]),
+    ("an empty section", DS_CALLS + DS_CALLS_END, [Err("holds no call")]),
+    ("bad JSON", DS_CALLS + ds_v3("open", '{"lock": }') + DS_CALLS_END, [Err("not valid JSON", "open")]),
+    ("V3.1 bad JSON", DS_CALLS + ds_v31("open", "lock=1") + DS_CALLS_END, [Err("not valid JSON", "open")]),
+    ("no separator", f'{DS_CALLS}{DS_CALL}open{{"lock": 1}}{DS_CALL_END}{DS_CALLS_END}', [Err(f"NAME{DS_SEP}")]),
+    ("V3 without a name", DS_CALLS + ds_v3("", '{"lock": 1}') + DS_CALLS_END, [Err("the tool's name after function")]),
+    ("V3.1 without a name", DS_CALLS + ds_v31("", '{"lock": 1}') + DS_CALLS_END, [Err("the tool's name before")]),
+    ("arguments a list", DS_CALLS + ds_v31("open", "[1]") + DS_CALLS_END, [Err("must be a JSON object", "open")]),
+]
+
+KIMI_SECTION, KIMI_SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
+
+
+def kimi(call_id: str, arguments: str) -> str:
+    return f"<|tool_call_begin|>{call_id}<|tool_call_argument_begin|>{arguments}<|tool_call_end|>"
+
+
+KIMI_K2 = [
+    ("single", KIMI_SECTION + kimi("functions.open:0", '{"lock": 1, "code": 7}') + KIMI_SECTION_END,
+     [("open", {"lock": 1, "code": 7})]),
+    ("several", KIMI_SECTION + kimi("functions.a:3", "{}") + kimi("functions.b:4", '{"x": 1}') + KIMI_SECTION_END,
+     [("a", {}), ("b", {"x": 1})]),
+    ("values", KIMI_SECTION + kimi("functions.f:0", json.dumps(VALUES)) + KIMI_SECTION_END, [("f", VALUES)]),
+    ("text before", "I will open it." + KIMI_SECTION + kimi("functions.open:0", '{"lock": 1}') + KIMI_SECTION_END
+     + "<|im_end|>", [("open", {"lock": 1})]),
+    ("spaced", KIMI_SECTION + "\n" + kimi(" functions.open:0 ", ' {"lock": 1}\n') + "\n" + KIMI_SECTION_END,
+     [("open", {"lock": 1})]),
+    ("an id without its index", KIMI_SECTION + kimi("functions.open", '{"lock": 1}') + KIMI_SECTION_END,
+     [("open", {"lock": 1})]),
+    ("a dotted name", KIMI_SECTION + kimi("functions.files.read:0", '{"path": "a"}') + KIMI_SECTION_END,
+     [("files.read", {"path": "a"})]),
+    ("arguments as a JSON string", KIMI_SECTION + kimi("functions.f:0", '"{\\"x\\": 1}"') + KIMI_SECTION_END,
+     [("f", {"x": 1})]),
+    ("no call", "The answer is 42.", []),
+    ("unclosed section", KIMI_SECTION + kimi("functions.open:0", '{"lock": 1}'),
+     [("open", {"lock": 1}), Err(f"never closed with {KIMI_SECTION_END}")]),
+    ("unclosed call", KIMI_SECTION + '<|tool_call_begin|>functions.open:0<|tool_call_argument_begin|>{"lock": 1}'
+     + KIMI_SECTION_END, [Err("never closed with <|tool_call_end|>")]),
+    ("an empty section", KIMI_SECTION + KIMI_SECTION_END, [Err("holds no call")]),
+    ("bad JSON", KIMI_SECTION + kimi("functions.open:0", '{"lock": }') + KIMI_SECTION_END,
+     [Err("not valid JSON", "open")]),
+    ("no argument marker", KIMI_SECTION + '<|tool_call_begin|>functions.open:0{"lock": 1}<|tool_call_end|>'
+     + KIMI_SECTION_END, [Err("functions.NAME:IDX<|tool_call_argument_begin|>")]),
+    ("an id not under functions", KIMI_SECTION + kimi("open:0", "{}") + KIMI_SECTION_END,
+     [Err("a call's id is functions.NAME:IDX, got 'open:0'")]),
+    ("an id without a name", KIMI_SECTION + kimi("functions.:0", "{}") + KIMI_SECTION_END,
+     [Err("a call's id is functions.NAME:IDX")]),
+    ("arguments a list", KIMI_SECTION + kimi("functions.open:0", "[1]") + KIMI_SECTION_END,
+     [Err("must be a JSON object", "open")]),
+]
+
+
+def glm(name: str, **arguments: str) -> str:
+    body = "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n" for k, v in arguments.items())
+    return f"<tool_call>{name}\n{body}</tool_call>"
+
+
+GLM_45 = [
+    ("single", glm("open", lock="1", code="7"), [("open", {"lock": 1, "code": 7})], None),
+    ("no arguments", glm("now"), [("now", {})], None),
+    ("compact", "<tool_call>open<arg_key>lock</arg_key><arg_value>1</arg_value></tool_call>", [("open", {"lock": 1})],
+     None),
+    ("several", glm("a") + "\n" + glm("b", x="1"), [("a", {}), ("b", {"x": 1})], None),
+    ("values without a schema", glm("f", i="-3", x="2.5", b="true", n="null", l='[1, "a"]', d='{"k": {"j": []}}',
+                                    s="plain words"),
+     [("f", {"i": -3, "x": 2.5, "b": True, "n": None, "l": [1, "a"], "d": {"k": {"j": []}}, "s": "plain words"})],
+     None),
+    ("typed by the schema", glm("f", n="3", s="3", b="true", x="4", l="[1]", d='{"a": 1}', o="5"),
+     [("f", {"n": 3, "s": "3", "b": True, "x": 4, "l": [1], "d": {"a": 1}, "o": 5})], STRING_PARAMS),
+    ("left as text when it does not read as its type", glm("f", n="three", b="yes", l="[1,"),
+     [("f", {"n": "three", "b": "yes", "l": "[1,"})], STRING_PARAMS),
+    ("a value keeps its text exactly", glm("f", s="\ndef g():\n    return 1\n"),
+     [("f", {"s": "\ndef g():\n    return 1\n"})], STRING_PARAMS),
+    ("text around", "<think>\nThe lock wants 7.\n</think>\n" + glm("open", lock="1") + "\n", [("open", {"lock": 1})],
+     None),
+    ("JSON where the arguments belong", '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>',
+     [Err("not JSON")], None),
+    ("no name", "<tool_call>\n<arg_key>n</arg_key>\n<arg_value>1</arg_value>\n</tool_call>",
+     [Err("the tool's name right after <tool_call>")], None),
+    ("a key without its value", "<tool_call>f\n<arg_key>n</arg_key>\n</tool_call>", [Err("write <arg_value>", "f")],
+     None),
+    ("a key never closed", "<tool_call>f\n<arg_key>n\n<arg_value>1</arg_value>\n</tool_call>",
+     [Err("never closed with </arg_key>", "f")], None),
+    ("a value never closed", "<tool_call>f\n<arg_key>n</arg_key>\n<arg_value>1\n</tool_call>",
+     [Err("never closed with </arg_value>", "f")], None),
+    ("an argument twice", glm("f", n="1").replace("</tool_call>", "<arg_key>n</arg_key><arg_value>2</arg_value>"
+                                                                   "</tool_call>"), [Err("given twice", "f")], None),
+    ("text between arguments", glm("f", n="1").replace("</tool_call>", "m=2\n</tool_call>"),
+     [Err("expected <arg_key> or </tool_call>", "f")], None),
+    ("unclosed", "<tool_call>f\n<arg_key>n</arg_key>\n<arg_value>1</arg_value>\n",
+     [Err("never closed with </tool_call>")], None),
+]
+
 TABLES = {"hermes": [(i, t, e, None) for i, t, e in HERMES], "qwen3-coder": QWEN3_CODER,
           "llama3-json": [(i, t, e, None) for i, t, e in LLAMA3_JSON],
           "mistral": [(i, t, e, None) for i, t, e in MISTRAL], "pythonic": [(i, t, e, None) for i, t, e in PYTHONIC],
-          "harmony": [(i, t, e, None) for i, t, e in HARMONY]}
+          "harmony": [(i, t, e, None) for i, t, e in HARMONY],
+          "deepseek-v3": [(i, t, e, None) for i, t, e in DEEPSEEK], "kimi-k2": [(i, t, e, None) for i, t, e in KIMI_K2],
+          "glm-4.5": GLM_45}
 TABLES["mistral-v11"] = TABLES["mistral"]  # the two read the same; they write differently
 CASES = [pytest.param(name, text, expected, tools, id=f"{name}: {case}")
          for name, rows in TABLES.items() for case, text, expected, tools in rows]
@@ -339,7 +473,13 @@ RUNS = {"spaces": " " * 200_000, "tabs": "\t" * 200_000, "letters": "[" + "a" * 
         "call lists": "[f(" * 50_000, "tags": "<tool_call>" * 20_000, "functions": "<tool_call><function=" * 10_000,
         "parameters": "<tool_call><function=f>" + "<parameter=" * 20_000, "tokens": "[TOOL_CALLS]" * 20_000,
         "arguments": "[TOOL_CALLS]f[ARGS]" * 20_000, "messages": "<|message|>" * 20_000,
-        "recipients": "<|channel|>commentary to=" * 20_000, "python tag": "<|python_tag|>" + " " * 200_000}
+        "recipients": "<|channel|>commentary to=" * 20_000, "python tag": "<|python_tag|>" + " " * 200_000,
+        "sections": DS_CALLS * 20_000 + DS_CALLS_END, "section calls": DS_CALLS + DS_CALL * 20_000 + DS_CALL_END,
+        "separators": DS_CALLS + (DS_CALL + "function" + DS_SEP) * 10_000,
+        "kimi calls": KIMI_SECTION + "<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{" * 5_000,
+        "kimi ends": KIMI_SECTION + "<|tool_call_end|>" * 10_000 + KIMI_SECTION_END,
+        "arg keys": "<tool_call>f" + "<arg_key>" * 20_000 + "</tool_call>",
+        "arg values": "<tool_call>f" + "<arg_key>a</arg_key><arg_value>" * 10_000 + "</tool_call>"}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -365,7 +505,10 @@ FRAGMENTS = ["<tool_call>", "</tool_call>", '{"name": ', '"f"', '"arguments"', '
              "]", "(", ")", "=", ", ", ";", '"', "'", "\\", '"""', "<function=", "f>", "<parameter=", "x>",
              "</parameter>", "</function>", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<|python_tag|>", "<|channel|>",
              "commentary to=functions.f ", "<|constrain|>json", "<|message|>", "<|call|>", "<|start|>assistant",
-             "<|end|>", "f(", "x=", "1", "-1e999", "7" * 4400, "true", "None", "\n", " ", "\x00", "🙂"]
+             "<|end|>", "f(", "x=", "1", "-1e999", "7" * 4400, "true", "None", "\n", " ", "\x00", "🙂", DS_CALLS,
+             DS_CALLS_END, DS_CALL, DS_CALL_END, DS_SEP, "function", "```json", "```", KIMI_SECTION, KIMI_SECTION_END,
+             "<|tool_call_begin|>", "functions.f:0", "<|tool_call_argument_begin|>", "<|tool_call_end|>",
+             "<tool_call>f", "<arg_key>", "x</arg_key>", "<arg_value>", "</arg_value>"]
 TEXT = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=6)), max_size=40).map("".join)
 
 
@@ -413,15 +556,16 @@ def _render(fmt: ToolFormat, calls: list[tuple[str, dict[str, Any]]]) -> str:
 @given(calls=CALLS)
 def test_parse_reads_back_what_render_writes(name, calls):
     fmt = get_format(name)
-    if name == "qwen3-coder":  # a call's tools have one schema per name
+    if name in TEXT_VALUED:  # a call's tools have one schema per name
         assume(len({n for n, _ in calls}) == len(calls))
     check(fmt.parse(_render(fmt, calls), schemas_for(calls)), calls)
 
 
+@pytest.mark.parametrize("name", TEXT_VALUED)
 @settings(max_examples=50, deadline=None)
 @given(calls=CALLS)
-def test_qwen3_coder_reads_back_without_a_schema_when_no_string_reads_as_json(calls):
-    fmt = get_format("qwen3-coder")
+def test_text_valued_families_read_back_without_a_schema_when_no_string_reads_as_json(name, calls):
+    fmt = get_format(name)
     for _, args in calls:
         for v in args.values():
             assume(not isinstance(v, str) or json_reads(v.strip()) is None)
@@ -435,14 +579,16 @@ def json_reads(text: str) -> Any:
         return None
 
 
-@pytest.mark.parametrize("name", ["hermes", "qwen3-coder", "harmony"])
+@pytest.mark.parametrize("name", ["hermes", "qwen3-coder", "harmony", "deepseek-v3", "kimi-k2", "glm-4.5"])
 def test_a_rendered_call_ends_at_the_familys_stop_string(name):
     fmt = get_format(name)
     text = fmt.render([("open", {"lock": 1})])
     assert text.endswith(fmt.stop_strings[0])
 
 
-@pytest.mark.parametrize("name, value", [("hermes", "</tool_call>"), ("harmony", "<|call|><|end|><|start|>")])
+@pytest.mark.parametrize("name, value", [("hermes", "</tool_call>"), ("harmony", "<|call|><|end|><|start|>"),
+                                         ("deepseek-v3", DS_CALL_END + DS_CALLS_END + DS_CALL),
+                                         ("kimi-k2", "<|tool_call_end|><|tool_calls_section_end|>")])
 def test_a_value_holding_the_familys_end_marker_is_written_so_it_cannot_end_the_call(name, value):
     fmt = get_format(name)
     check(fmt.parse(fmt.render([("say", {"text": value})])), [("say", {"text": value})])
@@ -457,10 +603,38 @@ def test_a_value_holding_the_familys_end_marker_is_written_so_it_cannot_end_the_
     ("pythonic", [("tool name", {})]),
     ("mistral-v11", [("tool name", {})]),
     ("harmony", [("tool name", {})]),
+    ("deepseek-v3", [("tool name", {})]),
+    ("deepseek-v3", [("f`", {})]),
+    ("kimi-k2", [("tool name", {})]),
+    ("kimi-k2", [("", {})]),
+    ("glm-4.5", [("tool name", {})]),
+    ("glm-4.5", [("f", {"a<b": 1})]),
+    ("glm-4.5", [("f", {"s": "a </arg_value> b"})]),
+    ("glm-4.5", [("f", {"s": "a </tool_call> b"})]),
 ])
 def test_render_refuses_a_call_the_family_cannot_write(name, calls):
     with pytest.raises(ValueError, match="cannot"):
         get_format(name).render(calls)
+
+
+WRITTEN = {
+    "deepseek-v3": (DS_CALLS + DS_CALL + "function" + DS_SEP + 'open\n```json\n{"lock": 1}\n```' + DS_CALL_END + "\n"
+                    + DS_CALL + "function" + DS_SEP + 'say\n```json\n{"text": "hi"}\n```' + DS_CALL_END
+                    + DS_CALLS_END),
+    "kimi-k2": ('<|tool_calls_section_begin|><|tool_call_begin|>functions.open:0<|tool_call_argument_begin|>{"lock": 1}'
+                '<|tool_call_end|><|tool_call_begin|>functions.say:1<|tool_call_argument_begin|>{"text": "hi"}'
+                "<|tool_call_end|><|tool_calls_section_end|>"),
+    "glm-4.5": ("<tool_call>open\n<arg_key>lock</arg_key>\n<arg_value>1</arg_value>\n</tool_call>\n"
+                "<tool_call>say\n<arg_key>text</arg_key>\n<arg_value>hi</arg_value>\n</tool_call>"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WRITTEN))
+def test_render_writes_the_templates_layout_and_parse_reads_it_back(name):
+    calls = [("open", {"lock": 1}), ("say", {"text": "hi"})]
+    fmt = get_format(name)
+    assert fmt.render(calls) == WRITTEN[name]
+    check(fmt.parse(WRITTEN[name]), calls)
 
 
 # -- instructions and hints ----------------------------------------------------------------------------
@@ -527,6 +701,20 @@ TEMPLATES = {
     "harmony": ("{{- '<|start|>assistant<|channel|>commentary to=functions.' + tool_call.name + ' <|constrain|>json"
                 "<|message|>' + tool_call.arguments | tojson + '<|call|>' }}{%- if add_generation_prompt %}"
                 "<|start|>assistant{% endif %}"),
+    "deepseek-v3": ("{%- for tool in message['tool_calls'] %}{%- if loop.first %}{{- '<\uff5cAssistant\uff5c>"
+                    + DS_CALLS + "' }}{%- else %}{{- '\\n' }}{%- endif %}{{- '" + DS_CALL + "' + tool['type'] + '"
+                    + DS_SEP + "' + tool['function']['name'] + '\\n```json\\n' + tool['function']['arguments'] + "
+                    "'\\n```" + DS_CALL_END + "' }}{%- endfor %}{{- '" + DS_CALLS_END + "' }}"),
+    "kimi-k2": ("{%- if message['role'] == 'assistant' and message.get('tool_calls') -%}"
+                "{{- '<|im_assistant|>assistant<|im_middle|><|tool_calls_section_begin|>' }}"
+                "{%- for tool_call in message['tool_calls'] -%}{{- '<|tool_call_begin|>' + tool_call['id'] + "
+                "'<|tool_call_argument_begin|>' + tool_call['function']['arguments'] + '<|tool_call_end|>' }}"
+                "{%- endfor -%}{{- '<|tool_calls_section_end|><|im_end|>' }}{%- endif -%}"),
+    "glm-4.5": ("{{- '<tools>' }}{% for tool in tools %}{{ tool | tojson }}{% endfor %}{{- '</tools>' }}"
+                "{%- for tc in message.tool_calls %}{{- '\\n<tool_call>' + tc.name + '\\n' }}"
+                "{%- for k, v in tc.arguments.items() %}{{- '<arg_key>' + k + '</arg_key>\\n<arg_value>' }}"
+                "{{- v if v is string else v | tojson }}{{- '</arg_value>\\n' }}{%- endfor %}{{- '</tool_call>' }}"
+                "{%- endfor %}{{- '<|observation|>' }}"),
 }
 
 
@@ -559,10 +747,12 @@ def test_detection_order_puts_the_specific_markers_first():
     assert get_format("hermes").matches(TEMPLATES["qwen3-coder"])
     assert get_format("llama3-json").matches(TEMPLATES["pythonic"])
     assert get_format("mistral").matches(TEMPLATES["mistral-v11"])
+    assert get_format("hermes").matches(TEMPLATES["glm-4.5"])  # GLM's templates hold <tool_call> as well
     order = list(FORMATS)
     assert order.index("qwen3-coder") < order.index("hermes")
     assert order.index("pythonic") < order.index("llama3-json")
     assert order.index("mistral-v11") < order.index("mistral")
+    assert order.index("glm-4.5") < order.index("hermes")
 
 
 def test_the_repositorys_hermes_fixture_template_is_hermes():
@@ -574,7 +764,10 @@ def test_the_repositorys_hermes_fixture_template_is_hermes():
 REAL = {"Qwen/Qwen2.5-0.5B-Instruct": "hermes", "Qwen/Qwen3-0.6B": "hermes",
         "Qwen/Qwen3-Coder-30B-A3B-Instruct": "qwen3-coder", "meta-llama/Llama-3.1-8B-Instruct": "llama3-json",
         "meta-llama/Llama-3.2-1B-Instruct": "llama3-json", "mistralai/Mistral-7B-Instruct-v0.3": "mistral",
-        "openai/gpt-oss-20b": "harmony", "HuggingFaceTB/SmolLM2-135M-Instruct": "hermes"}
+        "openai/gpt-oss-20b": "harmony", "HuggingFaceTB/SmolLM2-135M-Instruct": "hermes",
+        "deepseek-ai/DeepSeek-V3": "deepseek-v3", "deepseek-ai/DeepSeek-R1": "deepseek-v3",
+        "deepseek-ai/DeepSeek-V3.1": "deepseek-v3", "moonshotai/Kimi-K2-Instruct": "kimi-k2",
+        "moonshotai/Kimi-K2-Thinking": "kimi-k2", "zai-org/GLM-4.5": "glm-4.5", "zai-org/GLM-4.6": "glm-4.5"}
 
 
 def _cached_template(repo: str) -> str | None:
@@ -636,7 +829,7 @@ def test_convert_writes_calls_apart_when_text_stands_between_them():
 @settings(max_examples=25, deadline=None)
 @given(calls=CALLS)
 def test_convert_from_hermes_gives_the_same_calls(name, calls):
-    if name == "qwen3-coder":
+    if name in TEXT_VALUED:
         assume(len({n for n, _ in calls}) == len(calls))
     _render(get_format(name), calls)  # skip calls the family cannot write
     out = convert(get_format("hermes").render(calls), "hermes", name)
