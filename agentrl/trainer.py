@@ -1109,8 +1109,8 @@ class Trainer:
             self.policy.tokenizer.save_pretrained(ckpt)
         summary = {
             "algo": cfg.algo,
-            "env": cfg.env.id,
-            "env_kwargs": cfg.env.kwargs,
+            "env": f"agent:{cfg.agent.entry}" if cfg.agent else cfg.env.id,
+            "env_kwargs": {} if cfg.agent else cfg.env.kwargs,
             "updates": cfg.updates,
             "updates_done": done,
             "stopped": stopped,
