@@ -46,7 +46,8 @@ def solve_rewriting(task, client):
     for k in range(3):
         reply = client.chat.completions.create(model="policy", messages=messages, max_tokens=12).choices[0].message
         said = (reply.content or "")[-10:]
-        messages = [{"role": "system", "content": f"Summary {k}: {said}"}, {"role": "user", "content": task["question"]}]
+        messages = [{"role": "system", "content": f"Summary {k}: {said}"},
+                    {"role": "user", "content": task["question"]}]
     return 1.0 if task["answer"] % 2 else 0.0
 
 

@@ -351,7 +351,8 @@ def test_a_silent_session_ends_truncated_and_a_call_past_the_context_truncates(c
 
 def agent_config(policy_dir, out, entry="solve", **kw) -> TrainConfig:
     data = {"model": str(policy_dir / "model"), "agent": {"entry": f"{AGENTS}:{entry}"}, "algo": "grpo",
-            "updates": 1, "out": str(out), "rollout": {"groups": 2, "group_size": 2, "sampling": {"max_new_tokens": 12}},
+            "updates": 1, "out": str(out),
+            "rollout": {"groups": 2, "group_size": 2, "sampling": {"max_new_tokens": 12}},
             "optim": {"lr": 1e-3, "minibatches": 1}, "eval": {"episodes": 2, "every": 0},
             "checkpoint": {"every": 0}, **kw}
     return TrainConfig(**data)
