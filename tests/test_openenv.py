@@ -7,6 +7,7 @@ bounded time."""
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import select
 import signal
@@ -32,6 +33,12 @@ from agentrl.registry import make
 from agentrl.rollout import rollout  # noqa: E402
 
 START_TIMEOUT = 90  # seconds for `agentrl serve-env` to print its address (importing OpenEnv takes seconds)
+TOKEN = "test-token-0123456789"  # the servers' token: `serve-env` and `OpenEnvEnv` both read AGENTRL_ENV_TOKEN
+
+
+@pytest.fixture(autouse=True)
+def _token(monkeypatch):
+    monkeypatch.setenv("AGENTRL_ENV_TOKEN", TOKEN)
 
 
 def clue(lock):
@@ -43,7 +50,8 @@ class Server:
 
     def __init__(self, *args: str):
         self.proc = subprocess.Popen([sys.executable, "-m", "agentrl", "serve-env", *args, "--port", "0"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, "AGENTRL_ENV_TOKEN": TOKEN})
         deadline = time.monotonic() + START_TIMEOUT
         line = ""
         while time.monotonic() < deadline and self.proc.poll() is None:

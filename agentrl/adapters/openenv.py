@@ -20,12 +20,18 @@ kinds of server are understood, told apart by ``GET /schema``:
 A server that stops answering (it died, the network dropped, it hangs past `timeout` seconds) is
 an `EnvError` that names the server, the episode and the turn: the rollout ends that episode as
 errored and the trainer saves the batch, and no call waits longer than `timeout`. The next
-`reset` opens a fresh session.
+`reset` opens a fresh session, as it does when the server closed an idle one between episodes.
+
+`agentrl serve-env` asks every client for the token it printed at start: `token`, by default the
+``AGENTRL_ENV_TOKEN`` environment variable (better than an env kwarg, which a run's logged config
+would show). It travels as ``Authorization: Bearer`` on HTTP and as the WebSocket URL's password
+(HTTP Basic, which OpenEnv's client sends from the URL), and never appears in an error message.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 from typing import Any, Literal
@@ -35,6 +41,7 @@ from pydantic import ConfigDict, ValidationError, create_model
 from agentrl.core import AgentEnv, EnvError, Tool
 
 PROTOCOL = 1  # agentrl.adapters.serve.PROTOCOL; kept here so that a client never imports the server's stack
+TOKEN_ENV = "AGENTRL_ENV_TOKEN"  # agentrl.adapters.serve.TOKEN_ENV, for the same reason
 _JSON_TYPES: dict[str, Any] = {"string": str, "integer": int, "number": float, "boolean": bool, "array": list,
                                "object": dict}
 
@@ -60,8 +67,9 @@ class StateKey(str):
         return str(self)
 
 
-def _http_json(url: str, timeout: float) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (the user names the server)
+def _http_json(url: str, timeout: float, token: str | None = None) -> Any:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(request, timeout=timeout) as r:  # noqa: S310 (the user names the server)
         return json.loads(r.read())
 
 
@@ -81,20 +89,29 @@ class OpenEnvEnv(AgentEnv):
     `max_turns`: the turn budget (default: a served agentrl env's own, else 16). `system_prompt`:
     shown to the policy (default: a served agentrl env's own, else the server's description).
     `observation_field`: which observation field is the text (default: its only string field).
+    `token`: the server's token (default: the ``AGENTRL_ENV_TOKEN`` environment variable; none if unset).
     """
 
     def __init__(self, url: str, timeout: float = 30.0, max_turns: int | None = None,
-                 system_prompt: str | None = None, observation_field: str | None = None):
+                 system_prompt: str | None = None, observation_field: str | None = None, token: str | None = None):
         if not isinstance(url, str) or url.split("://", 1)[0] not in ("http", "https", "ws", "wss"):
             raise ValueError(f"OpenEnvEnv: url must start with http://, https://, ws:// or wss://, got {url!r}")
         if not timeout > 0:
             raise ValueError(f"OpenEnvEnv: timeout must be > 0 seconds, got {timeout}")
         _client_class()  # without the extra, say so before anything else
         self.url, self.timeout = url.rstrip("/"), float(timeout)
+        self._token = (token if token is not None else os.environ.get(TOKEN_ENV)) or None  # "": none, whatever is set
         http = "http" + self.url[2:] if self.url.startswith("ws") else self.url
         try:
-            schema = _http_json(f"{http}/schema", self.timeout)
-            meta = _http_json(f"{http}/metadata", self.timeout)
+            schema = _http_json(f"{http}/schema", self.timeout, self._token)
+            meta = _http_json(f"{http}/metadata", self.timeout, self._token)
+        except urllib.error.HTTPError as e:
+            detail = self._redact(e.read().decode("utf-8", "replace")[:300])
+            hint = ""
+            if e.code == 401:
+                hint = (f"; set {TOKEN_ENV} to the token `agentrl serve-env` printed (or pass token=)" if self._token
+                        is None else "; the token given is not the server's")
+            raise EnvError(f"OpenEnv server {self.url} refused /schema: HTTP {e.code} {detail}{hint}") from None
         except (urllib.error.URLError, OSError, ValueError) as e:
             raise EnvError(f"OpenEnv server {self.url}: cannot read its /schema and /metadata ({e}); is it running?"
                            ) from e
@@ -159,20 +176,35 @@ class OpenEnvEnv(AgentEnv):
     def _where(self) -> str:
         return f"env {self.name} (OpenEnv server {self.url}), episode {self._episode}, turn {self._turn}"
 
+    def _redact(self, text: str) -> str:
+        return text.replace(self._token, "<token>") if self._token else text
+
+    def _client_url(self) -> str:
+        """The URL OpenEnv's client connects to: with the token as its password, which the WebSocket client sends
+        as HTTP Basic authorization (the client takes no headers)."""
+        if not self._token:
+            return self.url
+        scheme, _, rest = self.url.partition("://")
+        return f"{scheme}://agentrl:{self._token}@{rest}"
+
     def _call(self, what: str, *args: Any, **kwargs: Any) -> Any:
         """One request on the session; every way the server can fail is an `EnvError` naming it, except
         a rejected action of a generic env (`_Rejected`: the session is alive, the policy erred)."""
         fresh = self._client is None
         try:
             if self._client is None:
-                client = _client_class()(base_url=self.url, connect_timeout_s=self.timeout,
+                client = _client_class()(base_url=self._client_url(), connect_timeout_s=self.timeout,
                                           message_timeout_s=self.timeout).sync()
                 self._client = client
                 client.connect()
             return getattr(self._client, what)(*args, **kwargs)
         except Exception as e:
+            if what == "reset" and not fresh and type(e).__name__.startswith("ConnectionClosed"):
+                # the server closed a session that sat idle between episodes: a new episode needs no old session
+                self._abandon()
+                return self._call(what, *args, **kwargs)
             # the client raises RuntimeError("Server error: <message> (code: <WSErrorCode>)") for an error answer
-            text = str(e)
+            text = self._redact(str(e))
             if isinstance(e, RuntimeError) and text.startswith("Server error:"):
                 if "(code: VALIDATION_ERROR)" in text and self.served is None:
                     raise _Rejected(text.removeprefix("Server error: ")) from None
@@ -180,13 +212,15 @@ class OpenEnvEnv(AgentEnv):
                 raise EnvError(f"{self._where()}: the server answered {what}() with an error: "
                                f"{text.removeprefix('Server error: ')}") from e
             self._abandon()
-            why = f"no answer within {self.timeout:g} s" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
+            why = (f"no answer within {self.timeout:g} s" if isinstance(e, TimeoutError) else
+                   f"{type(e).__name__}: {text}")
             if fresh and type(e).__name__.startswith("ConnectionClosed"):
                 # OpenEnv's server answers a session past its limit with CAPACITY_REACHED and closes it; the
                 # client reads that answer only as the closed socket of the next request
                 why += ("; it closed a new session at once, as it does at its session limit (agentrl serve-env "
                         "--max-sessions: a training run holds one session per rollout env and per held-out env)")
-            raise EnvError(f"{self._where()}: {what}() failed, the server is gone or not answering ({why})") from e
+            cause = None if text != str(e) else e  # a cause whose text holds the token is not chained
+            raise EnvError(f"{self._where()}: {what}() failed, the server is gone or not answering ({why})") from cause
 
     def _abandon(self) -> None:
         """Drop a session that failed without waiting on it (a hung server would hold a clean close)."""
