@@ -11,19 +11,27 @@ that raises in the env (an `EnvError`) is an error result naming it, and the ser
 One server process holds one env (stdio has one client); serve more clients with more processes. Standard
 output is the protocol's alone: while serving, whatever the env (or a library under it) prints or logs to
 stdout goes to stderr instead, so that it cannot corrupt a message.
+
+The process lives as long as its client: a tool call runs under `tool_timeout` (the rollout's own
+`agentrl.workers.ToolRunner`: past it the answer says the call timed out), and an env step runs on a daemon
+thread, so that when the client closes stdin the server exits at once, also while a step still blocks.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
 from agentrl.core import AgentEnv, EnvError
+from agentrl.workers import ToolRunner
 
 RESET = "reset"
+TOOL_TIMEOUT = 60.0  # seconds, as `rollout.tool_timeout`
 
 
 class EpisodeServer:
@@ -92,9 +100,32 @@ class EpisodeServer:
         return observation, False
 
 
-def serve_stdio(build: Callable[[], AgentEnv], name: str) -> None:
-    """Serve the episode of the env `build()` makes over stdio until the client disconnects. The env is built and
-    stepped with stdout set aside (a constructor or a tool that prints cannot corrupt the protocol either)."""
+async def _on_daemon_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` on a daemon thread of its own, awaited: the event loop goes on answering, a cancelled wait
+    abandons the thread, and the interpreter does not wait for it at exit (anyio's worker threads it would)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not future.done():
+            (future.set_result if ok else future.set_exception)(value)
+
+    def run() -> None:
+        try:
+            outcome = (True, fn(*args))
+        except BaseException as e:  # handed to the awaiting task
+            outcome = (False, e)
+        with contextlib.suppress(RuntimeError):  # the loop is closed: its client has gone, nobody waits
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=run, name="agentrl-mcp-step", daemon=True).start()
+    return await future
+
+
+def serve_stdio(build: Callable[[], AgentEnv], name: str, tool_timeout: float | None = TOOL_TIMEOUT) -> None:
+    """Serve the episode of the env `build()` makes over stdio until the client disconnects (closes stdin), and
+    return then, even while a step blocks. The env is built and stepped with stdout set aside (a constructor or a
+    tool that prints cannot corrupt the protocol either); its tools run under `tool_timeout` seconds each."""
     import anyio
 
     try:
@@ -106,14 +137,16 @@ def serve_stdio(build: Callable[[], AgentEnv], name: str) -> None:
 
     protocol = anyio.wrap_file(io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8"))
     with contextlib.redirect_stdout(sys.stderr):  # prints and rich's console (it writes to sys.stdout) go aside
-        episode = EpisodeServer(build())
+        env = build()
+        env.tool_runner = ToolRunner(default=tool_timeout)  # a hanging tool is an answer, as in a rollout
+        episode = EpisodeServer(env)
 
         async def list_tools(ctx: Any, params: Any) -> Any:
             return types.ListToolsResult(tools=[types.Tool(**t) for t in episode.tools()])
 
         async def call_tool(ctx: Any, params: Any) -> Any:
             # env steps are synchronous (tools may block): off the event loop, so the session keeps answering pings
-            text, error = await anyio.to_thread.run_sync(episode.call, params.name, params.arguments)
+            text, error = await _on_daemon_thread(episode.call, params.name, params.arguments)
             return types.CallToolResult(content=[types.TextContent(text=text)], isError=error)
 
         server = Server(name, on_list_tools=list_tools, on_call_tool=call_tool)
