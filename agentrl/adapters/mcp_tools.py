@@ -23,6 +23,15 @@ the tail of its stderr.
 session (HTTP) at its first `reset`, so a stateful server's state belongs to one episode stream; a rollout of
 64 envs runs 64 servers. ``share=True`` gives every env of a process one session: cheap, for servers whose
 tools keep no state between calls. Sessions close with the env (`close`) or the process.
+
+**What a server may do.** agentrl owns the stdio servers it starts: each runs in a process group of its own,
+and closing the session (also one that never finished its handshake) stops the whole group, after a short
+grace for a polite exit. Its stdout is read a bounded message at a time: an answer over
+`MCPServerSpec.max_message_bytes` is not read but skipped as it streams, and the call reads as an error
+observation (the policy can ask for less). At connect, the tool list may take `MAX_TOOL_PAGES` pages and
+`MAX_TOOLS` tools; the tools the env takes must have names a tool call can carry (`TOOL_NAME`), once each. A
+server that writes to stdout what is not an MCP message, or answers with what MCP does not allow, is an
+`MCPServerError` of one line that names it and says what it did.
 """
 
 from __future__ import annotations
@@ -33,8 +42,12 @@ import concurrent.futures as cf
 import contextlib
 import json
 import os
+import re
+import signal
 import tempfile
 import threading
+import time
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -44,6 +57,10 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from agentrl.core import AgentEnv, EnvError, Tool, ToolTimeout
 
 PING_SECONDS = 5.0  # how long a server that let a call time out has to answer a probe (tools/list) before it is hung
+MAX_TOOL_PAGES = 64  # tools/list pages read at connect: a nextCursor that never ends is an error, not a loop
+MAX_TOOLS = 512  # tools a server may list: far more than a prompt can show a policy
+TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # a name that every tool-call format and chat template can carry
+STOP_SECONDS = 2.0  # a closing server's grace to exit after its stdin closes, before its process group is killed
 
 
 @dataclass(frozen=True)
@@ -60,6 +77,9 @@ class MCPServerSpec:
     share: bool = False  # one session for every env of the process (stateless servers only)
     name: str | None = None  # how errors call it; default: the command's last word, or the URL
     max_result_chars: int = 8000  # a result longer than this is cut (an observation must fit a context)
+    # a stdio server's message longer than this is not read (its call is an error observation); room for a long
+    # tool list, and far more than max_result_chars
+    max_message_bytes: int = 4 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if isinstance(self.command, str):
@@ -71,6 +91,8 @@ class MCPServerSpec:
             raise ValueError("MCPServerSpec: give a command (a stdio server) or a url (streamable HTTP), not both")
         if self.call_timeout <= 0 or self.connect_timeout <= 0:
             raise ValueError("MCPServerSpec: timeouts must be > 0 seconds")
+        if self.max_message_bytes < 1024:
+            raise ValueError(f"MCPServerSpec: max_message_bytes must be >= 1024, got {self.max_message_bytes}")
 
     @property
     def label(self) -> str:
@@ -78,7 +100,189 @@ class MCPServerSpec:
 
 
 class MCPServerError(EnvError):
-    """The server cannot be reached, died, or hangs."""
+    """The server cannot be reached, died, hangs, or broke the protocol."""
+
+
+class _Refused(Exception):
+    """What a server offered at connect is not taken (its message is the reason, said as is)."""
+
+
+def _one_line(e: BaseException) -> str:
+    """An exception as one line: the first leaf of an exception group, a validation error's first problem."""
+    while isinstance(getattr(e, "exceptions", None), (list, tuple)) and e.exceptions:  # an (anyio) exception group
+        e = e.exceptions[0]
+    if isinstance(e, _Refused):
+        return str(e)
+    errors = getattr(e, "errors", None)
+    if callable(errors) and type(e).__name__ == "ValidationError":  # pydantic: the SDK refused the server's answer
+        first = errors()[0]
+        where = ".".join(str(x) for x in first.get("loc", ())) or "the message"
+        return f"its answer is not valid MCP ({getattr(e, 'title', 'message')}: {where}: {first.get('msg')})"
+    text = (str(e).strip().splitlines() or [""])[0]
+    return f"{type(e).__name__}: {text}"[:300]
+
+
+def _message_parser() -> Any:
+    """bytes -> a JSON-RPC message, as the SDK's own stdio client parses a line."""
+    from mcp import types
+
+    adapter = getattr(types, "jsonrpc_message_adapter", None)
+    return adapter.validate_json if adapter is not None else types.JSONRPCMessage.model_validate_json
+
+
+_ANSWER_ID = re.compile(rb'"id"\s*:\s*(-?[0-9]{1,18}|"[^"\\]{0,128}")')
+
+
+class _StdioServer:
+    """A stdio MCP server that agentrl starts and owns: a process group of its own (`stop` ends the group, from any
+    thread), stdout read a bounded message at a time. The SDK's stdio client reads a line whole, joining its chunks
+    quadratically (a 100 MB answer took a session down), and stops its process only when its async exit runs,
+    which a cancelled session that never finished its handshake does not reach."""
+
+    def __init__(self, spec: MCPServerSpec, errlog: Any):
+        self.spec, self.errlog = spec, errlog
+        self.process: Any = None  # anyio's Process, once started
+        self.failure: str | None = None  # what the server did wrong on the wire, said in the session's errors
+        self._asked: dict[Any, str] = {}  # the id of each request in flight -> its method
+
+    @contextlib.asynccontextmanager
+    async def streams(self) -> Any:
+        import anyio
+        from mcp.client.stdio import get_default_environment
+        from mcp.shared.message import SessionMessage
+
+        parse = _message_parser()
+        spec = self.spec
+        self.process = process = await anyio.open_process(
+            list(spec.command), env=get_default_environment() | dict(spec.env), cwd=spec.cwd, stderr=self.errlog,
+            start_new_session=True)
+        read_send, read_recv = anyio.create_memory_object_stream(0)
+        write_send, write_recv = anyio.create_memory_object_stream(0)
+
+        async def deliver(line: bytes) -> bool:
+            if not line.strip():
+                return True
+            try:
+                message = parse(line)
+            except ValueError:
+                shown = line[:80].decode("utf-8", "replace")
+                self.failure = (f"it wrote to stdout a line that is not an MCP message ({shown!r}); a stdio server's "
+                                "stdout is the protocol's alone (its logs belong on stderr)")
+                return False
+            answered = getattr(getattr(message, "root", message), "id", None)
+            if answered is not None and getattr(getattr(message, "root", message), "method", None) is None:
+                self._asked.pop(answered, None)
+            await read_send.send(SessionMessage(message))
+            return True
+
+        async def read_stdout() -> None:
+            limit, line, skipping = spec.max_message_bytes, bytearray(), False
+            async with read_send:
+                while True:
+                    try:
+                        chunk = await process.stdout.receive(1 << 16)
+                    except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+                        return
+                    start = 0
+                    while start <= len(chunk):
+                        end = chunk.find(b"\n", start)
+                        piece = chunk[start:] if end < 0 else chunk[start:end]
+                        if not skipping:
+                            line += piece
+                            if len(line) > limit:  # stop here: the rest of this message is skipped as it streams
+                                answer = self._oversized(bytes(line[:512]))
+                                line.clear()
+                                skipping = True
+                                if answer is not None and not await deliver(answer):
+                                    return
+                        if end < 0:
+                            break
+                        if skipping:
+                            skipping = False
+                        else:
+                            whole, line = bytes(line), bytearray()
+                            if not await deliver(whole):
+                                return
+                        start = end + 1
+
+        async def write_stdin() -> None:
+            async with write_recv:
+                async for session_message in write_recv:
+                    message = getattr(session_message.message, "root", session_message.message)
+                    if getattr(message, "id", None) is not None and getattr(message, "method", None):
+                        if len(self._asked) >= 1024:  # requests that were never answered: the oldest forgotten
+                            self._asked.pop(next(iter(self._asked)))
+                        self._asked[message.id] = message.method
+                    data = session_message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
+                    try:
+                        await process.stdin.send(data.encode())
+                    except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+                        return
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(read_stdout)
+            tasks.start_soon(write_stdin)
+            try:
+                yield read_recv, write_send
+            finally:
+                with contextlib.suppress(Exception):
+                    await process.stdin.aclose()  # a polite server exits on this; `stop` ends the rest
+                tasks.cancel_scope.cancel()
+
+    def _oversized(self, head: bytes) -> bytes | None:
+        """The answer that stands for a message over `max_message_bytes` that begins with `head`: a tool call's is
+        an error result the policy reads, any other request's an error; None (dropped) if it answers nothing."""
+        before = re.split(rb'"(?:result|error|params|method)"', head, maxsplit=1)[0]
+        found = _ANSWER_ID.search(before)
+        if found is None:
+            return None
+        request = json.loads(found.group(1))
+        method = self._asked.pop(request, None)
+        if method is None:
+            return None
+        said = f"the server's answer was over {self.spec.max_message_bytes} bytes (max_message_bytes) and was not read"
+        if method == "tools/call":
+            answer: dict[str, Any] = {"result": {"content": [{"type": "text", "text": f"{said}; ask for less"}],
+                                                 "isError": True}}
+        else:
+            answer = {"error": {"code": -32603, "message": f"{said} (an answer to {method})"}}
+        return json.dumps({"jsonrpc": "2.0", "id": request, **answer}).encode()
+
+    def stop(self, grace: float) -> None:
+        """End the server's whole process group (what it started goes too): its stdin is closed already, so a
+        polite server has `grace` seconds to exit, then SIGTERM, then SIGKILL. Blocking; from any thread."""
+        process = self.process
+        if process is None:
+            return
+        deadline = time.monotonic() + grace
+        while process.returncode is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for sig, wait in ((signal.SIGTERM, 1.0), (getattr(signal, "SIGKILL", signal.SIGTERM), 2.0)):
+            if process.returncode is not None:
+                break
+            _signal_group(process.pid, sig)
+            deadline = time.monotonic() + wait
+            while process.returncode is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+        _signal_group(process.pid, getattr(signal, "SIGKILL", signal.SIGTERM))  # what it left behind in its group
+
+    async def release(self) -> None:
+        """Close the stopped process's asyncio transport while its loop runs (left to the garbage collector, it
+        would close itself on a loop that is gone, and say so on stderr)."""
+        close = getattr(getattr(self.process, "_transport", None), "close", None)
+        if callable(close):
+            close()
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
+        if hasattr(os, "killpg"):
+            os.killpg(pid, sig)  # the server leads its own group (start_new_session)
+        else:  # pragma: no cover - Windows: the process alone
+            os.kill(pid, sig)
+
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # sessions with a server process, stopped at exit if still open
 
 
 class MCPSession:
@@ -88,17 +292,17 @@ class MCPSession:
 
     def __init__(self, spec: MCPServerSpec):
         try:
-            from mcp import Client, StdioServerParameters
-            from mcp.client.stdio import stdio_client
+            from mcp import Client
             from mcp.client.streamable_http import streamable_http_client
         except ImportError as e:  # pragma: no cover - mcp is a dependency of the [dev] and [mcp] extras
             raise ImportError("MCPEnv needs the mcp package: pip install 'agentrl[mcp]'") from e
         self.spec = spec
         self._log = tempfile.NamedTemporaryFile("w+", prefix="agentrl-mcp-", suffix=".log", delete=False)
+        self._server: _StdioServer | None = None
         if spec.command:
-            params = StdioServerParameters(command=spec.command[0], args=list(spec.command[1:]),
-                                           env=dict(spec.env) or None, cwd=spec.cwd)
-            transport = stdio_client(params, errlog=self._log)
+            self._server = _StdioServer(spec, self._log)
+            transport = self._server.streams()
+            _LIVE.add(self)
         else:
             transport = streamable_http_client(spec.url)
         self._client = Client(transport, read_timeout_seconds=spec.call_timeout)
@@ -116,21 +320,27 @@ class MCPSession:
             raise MCPServerError(f"{spec.label} did not start and list its tools within {spec.connect_timeout:g} s"
                                  f"{self._stderr_tail()}") from None
         except Exception as e:
-            self.close()
-            raise MCPServerError(f"{spec.label} could not be started: {type(e).__name__}: {e}"
-                                 f"{self._stderr_tail()}") from e
+            tail = self._stderr_tail()
+            self.close(polite=False)
+            raise MCPServerError(f"{spec.label} could not be started: {self._why(e)}{tail}") from None
 
     async def _serve(self, ready: cf.Future) -> None:
         self._closing = asyncio.Event()
         try:
             async with self._client as client:
-                tools, cursor = [], None
-                while True:  # the tool list may come in pages
+                tools: list[Any] = []
+                cursor = None
+                for _ in range(MAX_TOOL_PAGES):  # the tool list may come in pages, a bounded number of them
                     page = await client.list_tools(cursor=cursor) if cursor else await client.list_tools()
                     tools += page.tools
+                    if len(tools) > MAX_TOOLS:
+                        raise _Refused(f"it lists more than {MAX_TOOLS} tools (agentrl.adapters.mcp_tools.MAX_TOOLS)")
                     cursor = getattr(page, "next_cursor", None)
                     if not cursor:
                         break
+                else:
+                    raise _Refused(f"its tools/list goes on past {MAX_TOOL_PAGES} pages (a nextCursor that never "
+                                   "ends; agentrl.adapters.mcp_tools.MAX_TOOL_PAGES)")
                 ready.set_result(tools)
                 await self._closing.wait()
         except BaseException as e:  # the server died or the transport broke: said on the next call
@@ -156,7 +366,7 @@ class MCPSession:
             if "timed out" not in str(e).lower():
                 self._check_alive(name)
                 self.failure = e  # the transport broke: every later call says the server is gone
-                raise MCPServerError(f"{spec.label}: tools/call {name!r} failed: {type(e).__name__}: {e}"
+                raise MCPServerError(f"{spec.label}: tools/call {name!r} failed: {self._why(e)}"
                                      f"{self._stderr_tail()}") from e
             timed_out = True
         if timed_out and self._answers_ping():
@@ -176,9 +386,13 @@ class MCPSession:
             ping.cancel()
             return False
 
+    def _why(self, e: BaseException) -> str:
+        """What went wrong, in one line: what the server did on the wire, if that was it, else the exception."""
+        return (self._server.failure if self._server is not None and self._server.failure else None) or _one_line(e)
+
     def _check_alive(self, name: str) -> None:
         if self._main.done() or self.failure is not None:
-            why = f": {type(self.failure).__name__}: {self.failure}" if self.failure else ""
+            why = f": {self._why(self.failure)}" if self.failure else ""
             raise MCPServerError(f"{self.spec.label} is gone (before tools/call {name!r}){why}{self._stderr_tail()}")
 
     def _stderr_tail(self, n: int = 600) -> str:
@@ -190,9 +404,9 @@ class MCPSession:
         return f"; its stderr ends: {tail}" if tail else ""
 
     def close(self, wait: float = 5.0, polite: bool = True) -> None:
-        """End the session (a started server exits with it) and its thread: politely, then by cancelling a
-        session that is stuck (a server that never finished its handshake), waiting for the transport to
-        stop the server process."""
+        """End the session and its thread: politely, then by cancelling a session that is stuck (a server that
+        never finished its handshake); then a started server's whole process group is stopped (a grace to exit
+        when polite, then signals), while the loop still runs to see it exit."""
         if polite and self._closing is not None and not self._main.done():
             self._loop.call_soon_threadsafe(self._closing.set)
             with contextlib.suppress(Exception):
@@ -201,6 +415,12 @@ class MCPSession:
             self._main.cancel()
             with contextlib.suppress(BaseException):
                 self._main.result(timeout=wait)
+        if self._server is not None:
+            self._server.stop(grace=STOP_SECONDS if polite else 0.0)
+            _LIVE.discard(self)
+            if self._loop.is_running():
+                with contextlib.suppress(Exception):
+                    asyncio.run_coroutine_threadsafe(self._server.release(), self._loop).result(timeout=wait)
         if self._loop.is_running():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
@@ -244,6 +464,9 @@ def _close_shared() -> None:
     for session, _ in list(_SHARED.values()):
         session.close()
     _SHARED.clear()
+    for session in list(_LIVE):  # sessions of envs never closed: their servers do not outlive this process
+        if session._server is not None:
+            session._server.stop(grace=0.0)
 
 
 class _Arguments(BaseModel):
@@ -334,8 +557,13 @@ class MCPEnv(AgentEnv):
         """The live session, opened on first use (the first `reset` or `tool_schemas`). One that broke stays
         broken (its calls say so) until the next `reset` opens a fresh one: state never vanishes mid-episode."""
         if self._session is None:
-            self._session = open_session(self.server)
-            self._add_server_tools(self._session)
+            session = open_session(self.server)
+            try:
+                self._add_server_tools(session)
+            except BaseException:
+                release(session)  # a server whose tools are refused is not kept running
+                raise
+            self._session = session
         return self._session
 
     def _reopen_if_broken(self) -> None:
@@ -344,8 +572,16 @@ class MCPEnv(AgentEnv):
             self._session = None
 
     def _add_server_tools(self, session: MCPSession) -> None:
+        names = [t.name for t in session.tools]
         offered = {t.name: t for t in session.tools}
         wanted = list(offered) if self.mcp_tools is None else list(self.mcp_tools)
+        for name in wanted:
+            if name in offered and not (isinstance(name, str) and TOOL_NAME.fullmatch(name)):
+                raise MCPServerError(f"{self.server.label} offers a tool named {name!r}, which a tool call cannot "
+                                     "carry (1-64 of A-Z a-z 0-9 _ . -): leave it out with mcp_tools")
+            if names.count(name) > 1:
+                raise MCPServerError(f"{self.server.label} offers {names.count(name)} tools named {name!r}: a call "
+                                     "could not say which one it means")
         missing = [n for n in wanted if n not in offered]
         if missing:
             raise MCPServerError(f"{self.server.label} has no tool {missing[0]!r}; it has {', '.join(offered)}")
