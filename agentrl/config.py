@@ -401,9 +401,10 @@ class GatewayConfig(Strict):
     max_tools: int = Field(128, ge=0, description="Most tools offered in one call.")
     max_sessions: int = Field(4096, ge=1, description="Sessions held at once (in flight or waiting for a reward); "
                               "a new one past this gets 429.")
-    batch_wait: float = Field(0.05, ge=0, description="Seconds a call may wait for others to share its batched "
-                              "generate (a forward costs nearly the same for more rows); at most one generation's "
-                              "time is ever waited, whichever is shorter.")
+    batch_wait: float = Field(0.05, ge=0, description="Seconds a call may always wait for others to share its "
+                              "batched generate (a forward costs nearly the same for more rows); past the first "
+                              "generate it may wait as long as the last one took, since a split batch costs one "
+                              "more (docs/gateway.md, 'Batching').")
 
 
 class AgentConfig(Strict):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("fastapi", reason="the gateway needs fastapi and uvicorn (pip install 'agentrl[gateway]')")
+pytest.importorskip("starlette", reason="the gateway needs starlette and uvicorn (pip install 'agentrl[gateway]')")
 openai = pytest.importorskip("openai", reason="the openai SDK drives the gateway here (pip install 'agentrl[gateway]')")
 httpx = pytest.importorskip("httpx")
 

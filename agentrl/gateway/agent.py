@@ -175,6 +175,9 @@ class AgentRunner:
         self.server = Server(build_app(self.gateway), agent.cfg.gateway.host, agent.cfg.gateway.port,
                              max_connections=self.gateway.cfg.max_sessions + 64).start()
         self._loop: asyncio.AbstractEventLoop | None = None  # for async solves: one event loop, on a thread
+        # one connection pool for every session's client: an OpenAI client of its own builds an SSL context
+        # (tens of ms of CPU each), which for 64 sessions an update cost more than the rollout itself
+        self._http: dict[bool, Any] = {}
         self.rollouts = 0
 
     @property
@@ -249,7 +252,7 @@ class AgentRunner:
                  "session": info}
         try:
             if "client" in self.agent.wants:
-                given["client"] = _client(info, self.agent.is_async, gw.cfg.session_timeout)
+                given["client"] = _client(info, self.agent.is_async, self._pool(self.agent.is_async))
             kwargs = {k: given[k] for k in self.agent.wants}
             if self.agent.is_async:
                 value = asyncio.run_coroutine_threadsafe(self.agent.solve(**kwargs), self._event_loop()).result()
@@ -299,6 +302,21 @@ class AgentRunner:
         except Exception as e:
             return f"{where}: verify raised {type(e).__name__}: {e}"
 
+    def _pool(self, is_async: bool) -> Any:
+        """The shared HTTP connection pool the sessions' clients use (made once; an async one on the agents' loop)."""
+        if is_async not in self._http:
+            import httpx
+
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=512)
+            timeout = httpx.Timeout(self.gateway.cfg.session_timeout, connect=10.0)
+            if is_async:
+                async def make() -> Any:
+                    return httpx.AsyncClient(limits=limits, timeout=timeout)
+                self._http[True] = asyncio.run_coroutine_threadsafe(make(), self._event_loop()).result()
+            else:
+                self._http[False] = httpx.Client(limits=limits, timeout=timeout)
+        return self._http[is_async]
+
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
@@ -306,6 +324,10 @@ class AgentRunner:
         return self._loop
 
     def close(self) -> None:
+        if False in self._http:
+            self._http[False].close()
+        if True in self._http and self._loop is not None:
+            asyncio.run_coroutine_threadsafe(self._http[True].aclose(), self._loop).result(timeout=10)
         self.server.stop()
         self.gateway.close()
         if self._loop is not None:
@@ -318,12 +340,13 @@ class AgentRunner:
         self.close()
 
 
-def _client(info: SessionInfo, is_async: bool, timeout: float) -> Any:
-    """An OpenAI client pointed at the session (no retries: a retried call would be a second turn)."""
+def _client(info: SessionInfo, is_async: bool, http: Any) -> Any:
+    """An OpenAI client pointed at the session (no retries: a retried call would be a second turn), on the
+    runner's shared connection pool `http`."""
     try:
         import openai
     except ImportError:
         raise AgentError("solve() asks for a client, which needs the openai package: pip install 'agentrl[gateway]' "
                          "(or ask for base_url, api_key and model instead)") from None
     cls = openai.AsyncOpenAI if is_async else openai.OpenAI
-    return cls(base_url=info.base_url, api_key=info.api_key, max_retries=0, timeout=timeout)
+    return cls(base_url=info.base_url, api_key=info.api_key, max_retries=0, http_client=http)

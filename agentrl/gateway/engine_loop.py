@@ -1,10 +1,11 @@
 """One thread owns the engine: calls from many sessions queue up and are generated in shared batches.
 
 Agents call at their own times (each between its own tools), so there is no turn barrier to batch on.
-A call waits for others to share its generate at most `batch_wait` seconds and never longer than the
-last generate took (a forward costs nearly the same for more rows; waiting longer than one costs more
-than it saves), and not at all once every live session has a call waiting. A session running its own
-tool holds its engine row (the cache of its history) but no place in a generate.
+A call waits for others to share its generate as long as the last generate took (at least `batch_wait`,
+at most `MAX_WAIT`), and not at all once every open session has a call waiting: a forward costs nearly
+the same for more rows, so a batch split in two costs two generates, while waiting costs at most one
+(the rule `agentrl.rollout` follows for rows whose tools are slow). A session running its own tool holds
+its engine row (the cache of its history) but no place in a generate.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrl.engines.base import Engine, Generation
+
+
+MAX_WAIT = 2.0  # seconds a call may wait for others, however long generates take (a call is never held longer)
 
 
 @dataclass
@@ -108,7 +112,7 @@ class EngineLoop:
                 return None
             if self._jobs:  # let others join the batch, briefly
                 first = time.monotonic()
-                limit = min(self.batch_wait, self.last_generate) if self.generates else self.batch_wait
+                limit = min(MAX_WAIT, max(self.batch_wait, self.last_generate))
                 while not self._stopped and len(self._jobs) < self.live() and time.monotonic() - first < limit:
                     self._cond.wait(timeout=max(0.0, limit - (time.monotonic() - first)))
             jobs, self._jobs = self._jobs, []

@@ -12,6 +12,7 @@ OpenAI-style error body, and nothing a client sends reaches another session.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import socket
@@ -20,44 +21,48 @@ from collections.abc import Callable
 from typing import Any
 
 try:
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, StreamingResponse
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
 except ImportError as e:  # an optional extra: say which
-    raise ImportError("the gateway needs fastapi and uvicorn: pip install 'agentrl[gateway]'") from e
+    raise ImportError("the gateway needs starlette and uvicorn: pip install 'agentrl[gateway]'") from e
 
 import agentrl.gateway.openai_api as openai_api
 from agentrl.gateway.service import Gateway
 from agentrl.gateway.session import CallError
 
 LOG = logging.getLogger(__name__)
+STATUS_KINDS = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}
 
 
 def build_app(gateway: Gateway, on_session: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
               on_reward: Callable[[str, float], None] | None = None) -> Any:
-    """The ASGI app. `on_session(body)` opens a session for ``POST /sessions`` (serve-policy: it knows the
-    groups) and returns its record; `on_reward(session, reward)` takes a terminal reward (None: 404 for both,
-    the in-process runner opens and ends its sessions itself)."""
-    app = FastAPI(title="agentrl gateway", docs_url=None, redoc_url=None, openapi_url=None)
+    """The ASGI app (Starlette: routes and nothing in between, since every call of every session passes here).
+    `on_session(body)` opens a session for ``POST /sessions`` (serve-policy: it knows the groups) and returns its
+    record; `on_reward(session, reward)` takes a terminal reward (None: 404 for both, the in-process runner opens
+    and ends its sessions itself)."""
     limit = gateway.cfg.max_body_bytes
 
-    def refuse(status: int, message: str, code: str, param: str | None = None) -> JSONResponse:
-        kind = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}.get(
-            status, "invalid_request_error")
-        return JSONResponse(openai_api.error_body(message, code, param, kind), status_code=status)
+    def refuse(e: CallError) -> JSONResponse:
+        kind = STATUS_KINDS.get(e.status, "invalid_request_error")
+        return JSONResponse(openai_api.error_body(str(e), e.code, e.param, kind), status_code=e.status)
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next: Any) -> Any:
-        if request.url.path != "/health" and not gateway.authorized(request.headers.get("authorization")):
-            return refuse(401, "missing or wrong API key: pass the run's token as the bearer token (the in-process "
-                          "agent is handed it; serve-policy prints it)", "invalid_api_key")
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > limit):
-            return refuse(413, f"the body is over gateway.max_body_bytes ({limit} bytes)", "body_too_large")
-        return await call_next(request)
-
-    @app.exception_handler(CallError)
-    async def call_error(request: Request, e: CallError) -> JSONResponse:
-        return refuse(e.status, str(e), e.code, e.param)
+    def guarded(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
+        """The token and the body's declared size checked before `handler` runs; a `CallError` becomes its 4xx."""
+        async def endpoint(request: Request) -> Response:
+            try:
+                if not gateway.authorized(request.headers.get("authorization")):
+                    raise CallError("missing or wrong API key: pass the run's token as the bearer token (the in-process "
+                                    "agent is handed it; serve-policy prints it)", "invalid_api_key", status=401)
+                length = request.headers.get("content-length")
+                if length is not None and (not length.isdigit() or int(length) > limit):
+                    raise CallError(f"the body is over gateway.max_body_bytes ({limit} bytes)", "body_too_large",
+                                    status=413)
+                return await handler(request)
+            except CallError as e:
+                return refuse(e)
+        return endpoint
 
     async def body(request: Request) -> bytes:
         parts, size = [], 0
@@ -70,8 +75,6 @@ def build_app(gateway: Gateway, on_session: Callable[[dict[str, Any]], dict[str,
         return b"".join(parts)
 
     async def json_body(request: Request) -> dict[str, Any]:
-        import json
-
         raw = await body(request)
         try:
             data = json.loads(raw or b"{}")
@@ -81,17 +84,14 @@ def build_app(gateway: Gateway, on_session: Callable[[dict[str, Any]], dict[str,
             raise CallError("the body must be a JSON object", "invalid_json")
         return data
 
-    @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
 
-    @app.get("/v1/models")
-    @app.get("/sessions/{session}/v1/models")
-    async def models(session: str | None = None) -> dict[str, Any]:
-        return openai_api.models(gateway.model_name)
+    async def models(request: Request) -> Response:
+        return JSONResponse(openai_api.models(gateway.model_name))
 
-    @app.post("/sessions/{session}/v1/chat/completions")
-    async def chat(session: str, request: Request) -> Any:
+    async def chat(request: Request) -> Response:
+        session = request.path_params["session"]
         req = openai_api.parse_request(await body(request))
         call = req.to_call()
         reply = await gateway.complete(session, call, request.is_disconnected, req.sampling())
@@ -104,17 +104,16 @@ def build_app(gateway: Gateway, on_session: Callable[[dict[str, Any]], dict[str,
                 for e in events:
                     yield e.encode()
             return StreamingResponse(gen(), media_type="text/event-stream")
-        return openai_api.completion(reply, gateway.model_name, call_id)
+        return JSONResponse(openai_api.completion(reply, gateway.model_name, call_id))
 
-    @app.post("/sessions")
-    async def open_session(request: Request) -> Any:
+    async def open_session(request: Request) -> Response:
         if on_session is None:
             raise CallError("this gateway opens its sessions itself (an in-process run)", "not_found", status=404)
         data = await json_body(request)
         return JSONResponse(await asyncio.to_thread(on_session, data), status_code=201)
 
-    @app.post("/sessions/{session}/reward")
-    async def reward(session: str, request: Request) -> Any:
+    async def reward(request: Request) -> Response:
+        session = request.path_params["session"]
         data = await json_body(request)
         unknown = set(data) - {"reward", "step_reward", "call"}
         if unknown:
@@ -131,14 +130,28 @@ def build_app(gateway: Gateway, on_session: Callable[[dict[str, Any]], dict[str,
             if call is not None and (isinstance(call, bool) or not isinstance(call, int)):
                 raise CallError("call must be an integer (the call's index in the session, from 0)", param="call")
             gateway.step_reward(session, float(value), call)
-            return {"session": session, "step_reward": float(value)}
+            return JSONResponse({"session": session, "step_reward": float(value)})
         if on_reward is None:
             raise CallError("this gateway's agent returns its reward itself (an in-process run)", "not_found",
                             status=404)
         on_reward(session, float(value))
-        return {"session": session, "reward": float(value), "ended": True}
+        return JSONResponse({"session": session, "reward": float(value), "ended": True})
 
-    return app
+    async def not_found(request: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 404)
+        return JSONResponse(openai_api.error_body(f"no route {request.method} {request.url.path[:200]}", "not_found",
+                                                  kind=STATUS_KINDS.get(status, "invalid_request_error")),
+                            status_code=status)
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/models", guarded(models), methods=["GET"]),
+        Route("/sessions/{session}/v1/models", guarded(models), methods=["GET"]),
+        Route("/sessions/{session}/v1/chat/completions", guarded(chat), methods=["POST"]),
+        Route("/sessions", guarded(open_session), methods=["POST"]),
+        Route("/sessions/{session}/reward", guarded(reward), methods=["POST"]),
+    ]
+    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})
 
 
 class Server:
@@ -149,6 +162,9 @@ class Server:
 
         self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # accepted connections inherit it: without, a response's head and body wait out the client's delayed ACK
+        # (~40 ms a call on loopback)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.bind((host, port))
         self.host, self.port = host, self.sock.getsockname()[1]
         # a client that opens a connection and never finishes its request is dropped after timeout_keep_alive;

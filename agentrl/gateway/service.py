@@ -134,9 +134,10 @@ class Gateway:
         return found
 
     def _callers(self) -> int:
-        """Sessions that may call soon: open, not ended, and not waiting on a generate already."""
+        """Sessions that may call before the next generate: every open one (the engine loop asks between generates,
+        so none is being generated for; those between their call's arrival and the queue are on their way)."""
         with self._lock:
-            return sum(1 for o in self._open.values() if not o.session.ended) - self._in_flight + self.loop.waiting
+            return sum(1 for o in self._open.values() if not o.session.ended)
 
     # -- a call -------------------------------------------------------------------------------------------
 
