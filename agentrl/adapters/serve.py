@@ -230,7 +230,7 @@ class Guard:
         headers: dict[str, str] = {}
         for name, value in scope.get("headers", []):
             key = name.decode("latin-1").lower()
-            if key in headers:  # two Origin or Authorization headers: no guessing which one counts
+            if key in headers and key in ("origin", "host", "authorization"):  # no guessing which one counts
                 return 400, f"duplicate {key} header"
             headers[key] = value.decode("latin-1")
         origin = headers.get("origin")
@@ -273,7 +273,7 @@ class Guard:
 
         async def app_receive() -> dict[str, Any]:
             state["receives"] += 1
-            if state["receives"] < 2 or self.idle_timeout is None:
+            if state["receives"] < 2:  # the handshake: no session yet
                 return await inbox.get()
             state["waiting"] = True
             try:
@@ -400,9 +400,10 @@ def make_server(env_id: str, kwargs: dict[str, Any] | None = None, *, token: str
 
     app = build_app(env_id, kwargs, max_sessions, token=token, tool_timeout=tool_timeout, idle_timeout=idle_timeout,
                     loopback_only=is_loopback(host))
+    # a dead peer is found by the WebSocket ping within 40 s; a stop waits 5 s for steps that still run
     config = uvicorn.Config(app, log_level="warning", http=_h11_with_head_timeout(), ws="auto",
                             timeout_keep_alive=5, ws_ping_interval=20.0, ws_ping_timeout=20.0,
-                            ws_max_size=MAX_MESSAGE_BYTES)
+                            ws_max_size=MAX_MESSAGE_BYTES, timeout_graceful_shutdown=5)
     config.agentrl_handshake_timeout = handshake_timeout  # read by the HTTP protocol of every connection
     return uvicorn.Server(config)
 
