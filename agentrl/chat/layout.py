@@ -17,6 +17,9 @@ model's name:
 `rerender_check` is the proof: it renders a finished episode's messages through the template and
 compares with the ids the rollout built.
 
+The template is code that came with the model: it is rendered within bounds of time and size
+(`agentrl.chat.template`), and text past `MAX_CHARS` is refused before it reaches the tokenizer.
+
 Some templates rewrite the history as the conversation grows (Qwen3's drops the ``<think>`` of turns
 before the last user message; others renumber or trim). A model served with such a template is given
 the rewritten context, which is not the running sequence. ``history="template"`` lays each turn out by
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrl.chat import ToolFormat, convert, detect_format, get_format
+from agentrl.chat.template import MAX_CHARS, ChatTemplate
 
 _PROBE_TOOL = "agentrl_probe_tool_7f3a"
 
@@ -49,6 +53,7 @@ class ChatFormat:
         if tokenizer.chat_template is None:
             raise ValueError("the tokenizer has no chat template; agentrl needs one to lay out turns")
         self.tokenizer = tokenizer
+        self._templates: dict[str, ChatTemplate] = {}  # by source: a tokenizer may hold one for tools and one without
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
         if isinstance(tool_format, ToolFormat):
@@ -58,7 +63,7 @@ class ChatFormat:
         self.template_renders_tools = self._renders_tools()
         msgs = [{"role": "user", "content": "U"}, {"role": "assistant", "content": self._A},
                 {"role": "tool", "content": self._O}]
-        text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        text = self._apply(msgs)
         if self._A not in text or self._O not in text:
             raise ValueError("the chat template dropped the assistant or tool message; cannot derive the turn layout")
         between = text[text.index(self._A) + len(self._A) :]
@@ -94,7 +99,7 @@ class ChatFormat:
         content (None if it dropped either)."""
         msgs = [{"role": "user", "content": "U"}, {"role": "assistant", "content": action},
                 {"role": "tool", "content": self._O}]
-        text = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        text = self._apply(msgs)
         if action not in text or self._O not in text:
             return None
         return text[text.index(action) + len(action) :].partition(self._O)[0]
@@ -104,8 +109,7 @@ class ChatFormat:
         probe = {"type": "function", "function": {"name": _PROBE_TOOL, "description": "probe",
                                                   "parameters": {"type": "object", "properties": {}}}}
         try:
-            text = self.tokenizer.apply_chat_template([{"role": "user", "content": "U"}], tools=[probe],
-                                                      tokenize=False, add_generation_prompt=True)
+            text = self._apply([{"role": "user", "content": "U"}], [probe])
         except Exception:  # a template that cannot take tools at all
             return False
         return _PROBE_TOOL in text
@@ -129,8 +133,16 @@ class ChatFormat:
 
     def render(self, messages: list[dict[str, str]], tools: list[dict[str, Any]]) -> str:
         """`messages` through the chat template, up to the next assistant generation prompt."""
-        return self.tokenizer.apply_chat_template(messages, tools=(tools or None) if self.template_renders_tools
-                                                  else None, tokenize=False, add_generation_prompt=True)
+        return self._apply(messages, (tools or None) if self.template_renders_tools else None)
+
+    def _apply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        """What ``tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)``
+        returns, rendered within the bounds of `ChatTemplate` (a `TemplateError` past them)."""
+        source = self.tokenizer.get_chat_template(None, tools)
+        template = self._templates.get(source)
+        if template is None:
+            template = self._templates[source] = ChatTemplate(source)
+        return template.render(messages, tools, **self.tokenizer.special_tokens_map)
 
     def continuation(self, sequence: list[int], messages: list[dict[str, str]],
                      tools: list[dict[str, Any]]) -> tuple[list[int], list[int] | None]:
@@ -145,6 +157,9 @@ class ChatFormat:
         return [], self.encode(rendered)
 
     def encode(self, text: str) -> list[int]:
+        if len(text) > MAX_CHARS:  # the tokenizer aborts the whole process on text of about 100 MB
+            raise ValueError(f"{len(text):,} characters to encode, over the bound of {MAX_CHARS:,} "
+                             "(agentrl.chat.template.MAX_CHARS)")
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def system_text(self, system: str | None, tools: list[dict[str, Any]]) -> str | None:
