@@ -67,6 +67,7 @@ def test_a_doubling_template_is_refused_before_it_takes_the_memory():
         import time
         from test_chat_template import build_tokenizer
         from agentrl.chat.layout import ChatFormat
+        import transformers.utils.chat_template_utils  # imported before the clock starts
         tok = build_tokenizer()
         tok.chat_template = {DOUBLING!r}
         t0 = time.perf_counter()
@@ -77,7 +78,7 @@ def test_a_doubling_template_is_refused_before_it_takes_the_memory():
     """)
     assert out.returncode == 0, out.stderr[-2000:]
     kind, seconds, message = out.stdout.strip().split(" ", 2)
-    assert kind == "TemplateError" and float(seconds) < 1.0
+    assert kind == "TemplateError" and float(seconds) < 2.0, seconds  # stopped by size, well before 5 s
     assert message == "chat template: a value of over 16 Mi characters (line 1)"
 
 
