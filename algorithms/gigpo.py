@@ -40,7 +40,8 @@ class GiGPO(GRPO):
             for k, turn in enumerate(ep.turns):
                 if turn.state_key is None:
                     raise ValueError(f"gigpo needs state_key; {ep.env_id or 'the environment'} reports none (turn {k} "
-                                     f"of {ep.task_id})")
+                                     f"of {ep.task_id}): an env defines state_key(), an agent through the gateway "
+                                     "gets one from --agent.state-key FILE.py:fn")
         step_groups = state_groups(batch.episodes)
         for members in step_groups.values():
             if len(members) < 2:

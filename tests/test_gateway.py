@@ -407,3 +407,43 @@ def test_the_cli_refuses_a_bad_agent_before_any_work(tmp_path, capsys):
     assert "without --agent" in capsys.readouterr().err
     assert main(["train", "--agent", f"{AGENTS}:solve", "--out", str(tmp_path / "r")]) == 2
     assert "--agent.demos" in capsys.readouterr().err
+
+
+def test_serve_policy_trains_on_the_groups_its_clients_bring(policy_dir, tmp_path):
+    """An agent in another process: it opens sessions in groups, calls, posts rewards; the trainer waits for groups."""
+    import threading
+
+    from agentrl.gateway.remote import RemoteRunner
+    from agentrl.stages.pipeline import train
+
+    cfg = agent_config(policy_dir, tmp_path / "run").model_copy(update={"agent": None})
+    runner = RemoteRunner(GatewayConfig(batch_wait=0.0))
+    summary: dict = {}
+    trainer = threading.Thread(target=lambda: summary.update(train(cfg, runner=runner)))
+    trainer.start()
+    auth = {"authorization": f"Bearer {runner.gateway.token}"}
+    heldout, n = [], 0
+    with httpx.Client(timeout=60) as http:
+        while trainer.is_alive():
+            try:
+                r = http.post(f"{runner.base_url}/sessions", json={"group": f"g{n // 2}"}, headers=auth)
+                if r.status_code == 503:  # the first rollout has not opened yet
+                    time.sleep(0.05)
+                    continue
+                opened = r.json()
+                client = openai.OpenAI(base_url=opened["base_url"], api_key=runner.gateway.token, max_retries=0)
+                reply = client.chat.completions.create(model="p", messages=[{"role": "user", "content": "hi"}])
+                reward = float(len(reply.choices[0].message.content or "") % 2)
+                http.post(f"{runner.base_url}/sessions/{opened['session']}/reward", json={"reward": reward},
+                          headers=auth).raise_for_status()
+                heldout.append(opened["heldout"])
+                n += 1
+            except (httpx.HTTPError, openai.APIError):
+                break  # the run finished and its server closed
+    trainer.join(timeout=60)
+    assert summary["env"] == "serve-policy" and summary["updates_done"] == 1
+    # the warm start's evaluation first; a session opened between rollouts is finished but not trained on
+    assert heldout[:2] == [True, True] and heldout.count(False) >= 4
+    assert n - (2 + 4 + 2) == runner.stale_dropped
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert next(r for r in rows if r.get("step") == 1)["rollout/episodes"] == 4

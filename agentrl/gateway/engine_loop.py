@@ -19,7 +19,6 @@ from typing import Any
 
 from agentrl.engines.base import Engine, Generation
 
-
 MAX_WAIT = 2.0  # seconds a call may wait for others, however long generates take (a call is never held longer)
 
 
@@ -59,11 +58,12 @@ class EngineLoop:
     # -- called from other threads ---------------------------------------------------------------------
 
     def open(self, engine: Engine) -> None:
-        """Generate from `engine` in a fresh session from now on (the rows of the last one are gone)."""
+        """Generate from `engine` in a fresh session from now on. The rows of the last one are gone; calls still
+        queued (a session of serve-policy's that waited out an update) join the new one with their whole context."""
         with self._cond:
             for job in self._jobs:
-                job.future.set_exception(RuntimeError("the engine session was replaced before this call ran"))
-            self._jobs, self._release = [], []
+                job.extension = None
+            self._release = []
             self._engine, self._session, self._rows = engine, engine.open([]), set()
 
     def submit(self, row: int, context: list[int], extension: list[int] | None) -> Future:

@@ -53,8 +53,9 @@ def build_app(gateway: Gateway, on_session: Callable[[dict[str, Any]], dict[str,
         async def endpoint(request: Request) -> Response:
             try:
                 if not gateway.authorized(request.headers.get("authorization")):
-                    raise CallError("missing or wrong API key: pass the run's token as the bearer token (the in-process "
-                                    "agent is handed it; serve-policy prints it)", "invalid_api_key", status=401)
+                    raise CallError("missing or wrong API key: pass the run's token as the bearer token (the "
+                                    "in-process agent is handed it; serve-policy prints it)", "invalid_api_key",
+                                    status=401)
                 length = request.headers.get("content-length")
                 if length is not None and (not length.isdigit() or int(length) > limit):
                     raise CallError(f"the body is over gateway.max_body_bytes ({limit} bytes)", "body_too_large",

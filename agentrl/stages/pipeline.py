@@ -45,7 +45,7 @@ def warm_start_record(folder: Path) -> dict[str, Any]:
 
 
 def train(cfg: TrainConfig, monitor: Monitor | None = None, decisions: dict[str, Any] | None = None,
-          resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
+          resume: bool = False, overwrite: bool = False, runner: Any = None) -> dict[str, Any]:
     """Stage one where it is needed (the tiny policy's SFT warm start, cached), then the RL loop
     (`resume` / `overwrite`: see `agentrl.trainer.Trainer`). Returns the run's summary."""
     from agentrl.trainer import Trainer, resolve_device
@@ -66,7 +66,8 @@ def train(cfg: TrainConfig, monitor: Monitor | None = None, decisions: dict[str,
                 start = warm_start(cfg.env.id, cfg.env.kwargs, cfg.tiny, cfg.sft, cfg.seed,
                                    **({"say": say} if say else {}))
         decisions["warm_start"] = warm_start_record(Path(start))
-    return Trainer(cfg, monitor=monitor, start=start, decisions=decisions, resume=resume, overwrite=overwrite).train()
+    return Trainer(cfg, monitor=monitor, start=start, decisions=decisions, resume=resume, overwrite=overwrite,
+                   runner=runner).train()
 
 
 def run_sft(cfg: TrainConfig, out: str | Path, data: str | None = None, lora_r: int = 0,
