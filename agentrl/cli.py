@@ -589,6 +589,12 @@ class ProbeCommand(Strict):
     env_kw: list[str] = Field([], description="An environment constructor argument KEY=VALUE, e.g. locks=4 "
                               "(repeatable).")
     model: str | None = Field(None, description="HF hub id or folder; default: the tiny policy's SFT warm start.")
+    agent: str | None = Field(None, description="Probe an agent of your own through the gateway instead of an env: "
+                              "FILE.py:solve (docs/gateway.md); its tasks from the module's tasks(seed) or "
+                              "--agent-tasks, its warm start from --agent-demos when there is no --model.")
+    agent_tasks: str | None = Field(None, description="With --agent: a JSONL file of tasks or FILE.py:fn.")
+    agent_demos: str | None = Field(None, description="With --agent and no --model: its OpenAI-format "
+                                    "demonstrations, which warm-start the tiny policy.")
     groups: int = Field(8, ge=1, description="Tasks to roll out: enough groups for the group statistics to mean "
                         "something.")
     group_size: int | None = Field(None, ge=2, description="Episodes per task; default the train config's (8).")
@@ -617,6 +623,10 @@ def cmd_probe(argv: Sequence[str]) -> int:
                  "recommendation rules, and write report.json, report.md and a self-contained report.html into --out.")
     if cmd.env and cmd.store:
         raise UsageError("--env and --store exclude each other: probe a rollout or a saved store")
+    if cmd.agent and (cmd.env or cmd.store):
+        raise UsageError("--agent excludes --env and --store: probe an agent, an env or a saved store")
+    if (cmd.agent_tasks or cmd.agent_demos) and not cmd.agent:
+        raise UsageError("--agent-tasks / --agent-demos without --agent FILE.py:solve")
     import json
 
     from agentrl.probe import ProbeThresholds, default_thresholds, probe_env, probe_store, thresholds_from_sweep
@@ -650,8 +660,14 @@ def cmd_probe(argv: Sequence[str]) -> int:
                 _deep_update(data, {"env": {"id": cmd.env}})
             if cmd.env_kw:
                 _deep_update(data, {"env": {"kwargs": _kv(cmd.env_kw, "--env-kw")}})
+            if cmd.agent:
+                _deep_update(data, {"agent": {k: v for k, v in {"entry": cmd.agent, "tasks": cmd.agent_tasks,
+                                                                "demos": cmd.agent_demos}.items() if v is not None}})
             cfg = _validate(TrainConfig, data, "probe")
-            _check_env(cfg.env.id, cfg.env.kwargs)
+            if cfg.agent is not None:
+                _check_agent(cfg)
+            else:
+                _check_env(cfg.env.id, cfg.env.kwargs)
             result = probe_env(cfg, groups=cmd.groups, group_size=cmd.group_size, thresholds=th,
                                store_out=Path(cmd.out) / "probe_store.parquet")
             if cmd.budget is not None:

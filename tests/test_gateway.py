@@ -447,3 +447,14 @@ def test_serve_policy_trains_on_the_groups_its_clients_bring(policy_dir, tmp_pat
     assert n - (2 + 4 + 2) == runner.stale_dropped
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert next(r for r in rows if r.get("step") == 1)["rollout/episodes"] == 4
+
+
+def test_the_probe_measures_an_agent_like_an_env(policy_dir, tmp_path, capsys):
+    from agentrl.cli import main
+
+    out = tmp_path / "probe"
+    assert main(["probe", "--agent", f"{AGENTS}:solve", "--model", str(policy_dir / "model"), "--groups", "2",
+                 "--group-size", "2", "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())["probe"]
+    assert report["source"] == f"gateway rollout of agent {AGENTS}:solve" and report["stats"]["episodes"] == 4
+    assert "recommended assigner" in capsys.readouterr().out

@@ -88,7 +88,14 @@ def collect(
     cfg = train_config
     G = group_size or cfg.rollout.group_size
     if policy is None:
-        if cfg.model is None:
+        if cfg.model is None and cfg.agent is not None:  # an agent's warm start: its own demonstrations
+            from agentrl.stages.warm_start import warm_start_from_data
+
+            if cfg.agent.demos is None:
+                raise ValueError("probing an agent with no model needs its demonstrations (--agent.demos) or --model")
+            policy = Policy.load(warm_start_from_data(cfg.agent.demos, cfg.tiny, cfg.sft, cfg.seed),
+                                 device=resolve_device(cfg.device))
+        elif cfg.model is None:
             from agentrl.stages.warm_start import warm_start
 
             policy = Policy.load(
@@ -100,8 +107,18 @@ def collect(
     rng = np.random.default_rng(cfg.seed if seed is None else seed)
     task_seeds = rng.integers(0, cfg.eval.seed_offset, size=groups).tolist()
     seeds = [s for s in task_seeds for _ in range(G)]
-    envs = [make(cfg.env.id, **cfg.env.kwargs) for _ in seeds]
     engine = make_engine(cfg, policy, cfg.rollout.sampling, seed=cfg.seed, capture_hidden=True)
+    if cfg.agent is not None:  # the agent's episodes through the gateway: measured like an env's
+        from agentrl.trainer import agent_runner
+
+        with agent_runner(cfg) as runner:
+            episodes, _ = runner.rollout(engine, policy.chat, seeds, group_ids=[i // G for i in range(len(seeds))],
+                                         max_context=max_context)
+        errored = [e for e in episodes if e.error]
+        if errored:
+            raise ValueError(f"{len(errored)} probed episode(s) errored; first: {errored[0].error}")
+        return episodes
+    envs = [make(cfg.env.id, **cfg.env.kwargs) for _ in seeds]
     episodes, _ = rollout(
         envs,
         seeds,
@@ -132,15 +149,17 @@ def probe_env(
     episodes = collect(train_config, groups, group_size, policy)
     if store_out is not None:
         TrajectoryStore(episodes).save(store_out)
+    agent = train_config.agent
     env = {
-        "id": train_config.env.id,
-        "kwargs": train_config.env.kwargs,
+        "id": f"agent:{agent.entry}" if agent else train_config.env.id,
+        "kwargs": {} if agent else train_config.env.kwargs,
         "model": train_config.model or "warm start (tiny policy, SFT)",
     }
     return probe_episodes(
         episodes,
         thresholds,
-        source=f"rollout on {train_config.env.id} {train_config.env.kwargs}",
+        source=f"gateway rollout of agent {agent.entry}" if agent
+        else f"rollout on {train_config.env.id} {train_config.env.kwargs}",
         budget_episodes=planned_episodes(train_config),
         env=env,
     )
