@@ -1053,6 +1053,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         _err(str(e))
         return 2
+    except RuntimeError as e:  # a named model that could not be fetched, or whose cached copy is damaged
+        models = sys.modules.get("agentrl.models")  # imported by whatever fetched (not here: it loads torch)
+        if models is None or not isinstance(e, models.ModelFetchError):
+            raise
+        _err(str(e))
+        return 2
 
 
 if __name__ == "__main__":
