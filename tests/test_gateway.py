@@ -458,3 +458,14 @@ def test_the_probe_measures_an_agent_like_an_env(policy_dir, tmp_path, capsys):
     report = json.loads((out / "report.json").read_text())["probe"]
     assert report["source"] == f"gateway rollout of agent {AGENTS}:solve" and report["stats"]["episodes"] == 4
     assert "recommended assigner" in capsys.readouterr().out
+
+
+def test_a_run_through_the_gateway_resumes_from_its_checkpoint(policy_dir, tmp_path):
+    from agentrl.stages.pipeline import train
+
+    out = tmp_path / "run"
+    train(agent_config(policy_dir, out, "solve_parity", updates=1, checkpoint={"every": 1}))
+    summary = train(agent_config(policy_dir, out, "solve_parity", updates=2, checkpoint={"every": 1}), resume=True)
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()
+             if "rollout/episodes" in json.loads(x)]
+    assert summary["updates_done"] == 2 and steps == [1, 2]
