@@ -52,6 +52,16 @@ class RolloutStats:
     positions_padding: int = 0  # ... of them, holes and padding (an engine that does not count them: 0)
     extra: dict[str, float] = field(default_factory=dict)  # metrics of the source's own (gateway/...)
 
+    def count(self, episodes: Sequence[Episode]) -> RolloutStats:
+        """Fill in what the episodes themselves say (turns, tokens, timeouts, segments); returns self."""
+        self.episodes = len(episodes)
+        self.turns = sum(e.num_turns for e in episodes)
+        self.action_tokens = sum(e.num_action_tokens for e in episodes)
+        self.tool_timeouts = sum(e.tool_timeouts for e in episodes)
+        self.segmented = sum(e.segmented for e in episodes)
+        self.segments = sum(1 + sum(t.segment_context is not None for t in e.turns[1:]) for e in episodes)
+        return self
+
     @property
     def tokens_per_second(self) -> float:
         return self.action_tokens / self.seconds if self.seconds > 0 else 0.0
@@ -183,13 +193,7 @@ class _Driver:
         self.stats.positions_attended = int(getattr(self.session, "positions_attended", 0))
         self.stats.positions_padding = int(getattr(self.session, "positions_padding", 0))
         episodes = [e for e in self.episodes if e is not None]
-        self.stats.episodes = len(episodes)
-        self.stats.turns = sum(e.num_turns for e in episodes)
-        self.stats.action_tokens = sum(e.num_action_tokens for e in episodes)
-        self.stats.tool_timeouts = sum(e.tool_timeouts for e in episodes)
-        self.stats.segmented = sum(e.segmented for e in episodes)
-        self.stats.segments = sum(1 + sum(t.segment_context is not None for t in e.turns[1:]) for e in episodes)
-        return episodes, self.stats
+        return episodes, self.stats.count(episodes)
 
     def _should_generate(self, last_generate: float) -> bool:
         """Generate now, or wait for rows whose env is still busy so that they share the batch?

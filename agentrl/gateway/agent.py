@@ -231,17 +231,7 @@ class AgentRunner:
         for name in names:
             episodes.append(gw.session(name).episode)
             gw.forget(name)
-        stats = RolloutStats(episodes=len(episodes), seconds=time.perf_counter() - t0)
-        stats.turns = sum(e.num_turns for e in episodes)
-        stats.action_tokens = sum(e.num_action_tokens for e in episodes)
-        stats.segmented = sum(e.segmented for e in episodes)
-        stats.segments = sum(1 + sum(t.segment_context is not None for t in e.turns[1:]) for e in episodes)
-        stats.generate_calls = gw.loop.generates
-        engine_stats = gw.loop.stats()
-        stats.prefill_tokens = int(engine_stats["prefill_tokens"])
-        stats.positions_attended = int(engine_stats["positions_attended"])
-        stats.positions_padding = int(engine_stats["positions_padding"])
-        stats.extra = gw.stats.metrics(episodes)
+        stats = gw.rollout_stats(episodes, time.perf_counter() - t0)
         return episodes, stats
 
     def _run_one(self, name: str, task: Any, seed: int) -> tuple[str, Any]:

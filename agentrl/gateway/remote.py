@@ -9,8 +9,8 @@ A client opens a session, calls the model through it, and posts the reward::
 The sessions that name one `group` are the G samples of one task, the group a group-relative assigner
 compares: an update trains on the first `rollout.groups` groups whose `rollout.group_size` episodes have
 ended. While the trainer updates the weights, calls wait (the policy is not sampled mid-step); a session
-that outlives an update is finished but not trained on (its early turns came from older weights), and
-counted in `gateway/stale_dropped`. During a held-out evaluation, `POST /sessions` answers
+that outlives an update, and an episode of a group not complete when the update starts, is finished but not
+trained on (the weights that sampled it are gone), and counted in `gateway/stale_dropped`. During a held-out evaluation, `POST /sessions` answers
 ``"heldout": true``: a client should then draw its task from its held-out set.
 """
 
@@ -120,12 +120,10 @@ class RemoteRunner:
             for ep in self._groups[label][:size]:
                 ep.group_id = gid
                 episodes.append(ep)
-        stats = RolloutStats(episodes=len(episodes), seconds=time.perf_counter() - t0)
-        stats.turns = sum(e.num_turns for e in episodes)
-        stats.action_tokens = sum(e.num_action_tokens for e in episodes)
-        stats.segmented = sum(e.segmented for e in episodes)
-        stats.segments = sum(1 + sum(t.segment_context is not None for t in e.turns[1:]) for e in episodes)
-        stats.extra = {**self.gateway.stats.metrics(episodes), "gateway/stale_dropped": float(self.stale_dropped)}
+        with self._cond:  # the rest (groups not complete, samples past a group's size) the update makes stale
+            self.stale_dropped += sum(len(eps) for eps in self._groups.values()) - len(episodes)
+        stats = self.gateway.rollout_stats(episodes, time.perf_counter() - t0)
+        stats.extra["gateway/stale_dropped"] = float(self.stale_dropped)
         return episodes, stats
 
     def _wait(self, groups: int, size: int, on_episode: Callable[[int, int], None] | None) -> list[str]:

@@ -23,6 +23,7 @@ from agentrl.core import Episode
 from agentrl.engines.base import Engine
 from agentrl.gateway.engine_loop import EngineLoop
 from agentrl.gateway.session import AgentSession, Call, CallError, Reply
+from agentrl.rollout import RolloutStats
 
 IDS_CHECKED = 4  # sessions per rollout whose every context is compared with the template's own encoding
 
@@ -266,6 +267,16 @@ class Gateway:
             with self._lock:
                 self.stats.timeouts += 1
         return expired
+
+    def rollout_stats(self, episodes: list[Episode], seconds: float) -> RolloutStats:
+        """A rollout's statistics, as `agentrl.rollout` reports them, with the gateway's own in `extra`."""
+        stats = RolloutStats(seconds=seconds, generate_calls=self.loop.generates).count(episodes)
+        engine = self.loop.stats()
+        stats.prefill_tokens = int(engine["prefill_tokens"])
+        stats.positions_attended = int(engine["positions_attended"])
+        stats.positions_padding = int(engine["positions_padding"])
+        stats.extra = self.stats.metrics(episodes)
+        return stats
 
     def close(self) -> None:
         self.loop.close()
