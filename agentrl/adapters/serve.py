@@ -387,6 +387,8 @@ def bind(host: str, port: int) -> socket.socket:
     """A listening socket; port 0 takes a free one (read it back with ``getsockname()``)."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # uvicorn sets none on sockets handed to it; without it each response waits out the client's delayed ACK
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port))
     sock.listen(128)
     return sock
