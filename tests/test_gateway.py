@@ -469,3 +469,19 @@ def test_a_run_through_the_gateway_resumes_from_its_checkpoint(policy_dir, tmp_p
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()
              if "rollout/episodes" in json.loads(x)]
     assert summary["updates_done"] == 2 and steps == [1, 2]
+
+
+def test_a_half_sent_request_head_is_closed_and_others_are_served(served, monkeypatch):
+    import socket
+
+    gateway, server = served
+    monkeypatch.setattr(server.server.config, "agentrl_handshake_timeout", 0.5)
+    idle = [socket.create_connection((server.host, server.port)) for _ in range(10)]
+    for s in idle:
+        s.sendall(b"POST /sessions/x/v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and never the rest
+    time.sleep(1.5)
+    for s in idle:
+        s.settimeout(2)
+        assert s.recv(1) == b""  # closed by the server
+        s.close()
+    assert httpx.get(f"{server.url}/health").status_code == 200

@@ -319,7 +319,7 @@ async def _refuse(scope: dict[str, Any], receive: Any, send: Any, status: int, r
 
 
 @functools.cache
-def _h11_with_head_timeout() -> type:
+def h11_with_head_timeout() -> type:
     """uvicorn's HTTP/1.1 protocol, plus a limit on how long a connection may take to send a request head.
     uvicorn arms its keep-alive timer only after a response, so a client that opens a connection and sends
     half a head (of a WebSocket upgrade, say) would hold it forever; here it is closed after
@@ -403,7 +403,7 @@ def make_server(env_id: str, kwargs: dict[str, Any] | None = None, *, token: str
     app = build_app(env_id, kwargs, max_sessions, token=token, tool_timeout=tool_timeout, idle_timeout=idle_timeout,
                     loopback_only=is_loopback(host))
     # a dead peer is found by the WebSocket ping within 40 s; a stop waits 5 s for steps that still run
-    config = uvicorn.Config(app, log_level="warning", http=_h11_with_head_timeout(), ws="auto",
+    config = uvicorn.Config(app, log_level="warning", http=h11_with_head_timeout(), ws="auto",
                             timeout_keep_alive=5, ws_ping_interval=20.0, ws_ping_timeout=20.0,
                             ws_max_size=MAX_MESSAGE_BYTES, timeout_graceful_shutdown=5)
     config.agentrl_handshake_timeout = handshake_timeout  # read by the HTTP protocol of every connection

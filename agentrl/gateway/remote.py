@@ -10,8 +10,8 @@ The sessions that name one `group` are the G samples of one task, the group a gr
 compares: an update trains on the first `rollout.groups` groups whose `rollout.group_size` episodes have
 ended. While the trainer updates the weights, calls wait (the policy is not sampled mid-step); a session
 that outlives an update, and an episode of a group not complete when the update starts, is finished but not
-trained on (the weights that sampled it are gone), and counted in `gateway/stale_dropped`. During a held-out evaluation, `POST /sessions` answers
-``"heldout": true``: a client should then draw its task from its held-out set.
+trained on (the weights that sampled it are gone), and counted in `gateway/stale_dropped`. During a held-out
+evaluation, `POST /sessions` answers ``"heldout": true``: a client should then draw its task from its held-out set.
 """
 
 from __future__ import annotations

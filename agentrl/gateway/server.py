@@ -29,6 +29,7 @@ except ImportError as e:  # an optional extra: say which
     raise ImportError("the gateway needs starlette and uvicorn: pip install 'agentrl[gateway]'") from e
 
 import agentrl.gateway.openai_api as openai_api
+from agentrl.adapters.serve import HANDSHAKE_TIMEOUT, h11_with_head_timeout
 from agentrl.gateway.service import Gateway
 from agentrl.gateway.session import CallError
 
@@ -170,8 +171,10 @@ class Server:
         self.host, self.port = host, self.sock.getsockname()[1]
         # a client that opens a connection and never finishes its request is dropped after timeout_keep_alive;
         # limit_concurrency answers 503 past it instead of queueing without end
+        # and one that never finishes its request head is closed after HANDSHAKE_TIMEOUT (serve-env's protocol)
         config = uvicorn.Config(app, log_level="warning", timeout_keep_alive=5, limit_concurrency=max_connections,
-                                h11_max_incomplete_event_size=64 * 1024, lifespan="off")
+                                h11_max_incomplete_event_size=64 * 1024, lifespan="off", http=h11_with_head_timeout())
+        config.agentrl_handshake_timeout = HANDSHAKE_TIMEOUT
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        name="agentrl-gateway-http", daemon=True)
