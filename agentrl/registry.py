@@ -26,14 +26,15 @@ def make(env_id: str, **kwargs: Any) -> AgentEnv:
     A registered id goes through `gymnasium.make`; agentrl's own ids are registered without
     gymnasium's checker and order wrappers, so both return the bare `AgentEnv` that the rollout steps.
     `gym:SomeId` wraps any gymnasium env whose spaces are text (`agentrl.adapters.gym_text`);
-    `verifiers:<taskset id>` runs a Prime Intellect verifiers environment (`agentrl.adapters.verifiers_env`).
+    `verifiers:<taskset id>` returns a Prime Intellect verifiers environment as a `VerifiersAgent`, not an env: it
+    trains through the gateway (`agentrl.adapters.verifiers_env`).
     """
     if env_id.startswith("gym:"):  # before the module:Class split: a gymnasium id may hold a colon of its own
         return GymTextEnv(env_id.removeprefix("gym:"), **kwargs)
     if env_id.startswith("verifiers:"):  # a verifiers taskset package: imported only when named (the [verifiers] extra)
-        from agentrl.adapters.verifiers_env import VerifiersEnv
+        from agentrl.adapters.verifiers_env import VerifiersAgent
 
-        return VerifiersEnv(env_id.removeprefix("verifiers:"), **kwargs)
+        return VerifiersAgent(env_id.removeprefix("verifiers:"), **kwargs)  # type: ignore[return-value]
     module, _, attr = env_id.rpartition(":")
     if module.endswith(".py") or (module and "/" not in module):
         try:

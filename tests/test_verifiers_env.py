@@ -1,10 +1,12 @@
-"""`VerifiersEnv`: Prime Intellect verifiers environments (``verifiers.v1``, 0.4) as agentrl envs, end to end.
+"""Prime Intellect verifiers environments (``verifiers.v1``, 0.4) trained through the gateway, end to end.
 
 The verifiers environments are written here, as the packages a verifiers user installs (a module exporting its
-`Taskset`, and its `Env` when it has one), into a folder on ``sys.path``: a single-turn sum scored by an
-exact-match reward, a calculator toolset (per-task state, a tool that raises, a slow one, a taskset-wide tool),
-a guessing game whose ``Env.run`` answers each guess, and a taskset whose reward raises, gives NaN or holds the
-event loop. No network, no model server: agentrl's policy (or the test) writes the seat's messages.
+`Taskset`, and its `Env` when it has one; a `Toolset` in a module of its own that serves it when run), into a
+folder on ``sys.path`` and ``PYTHONPATH`` (verifiers starts tool servers as processes): a single-turn sum scored
+by an exact-match reward, a calculator toolset (per-rollout state, a tool that raises, a taskset-wide tool), a
+guessing game whose ``Env.run`` answers each guess, and a taskset whose reward raises, gives NaN or outlives its
+deadline. Each episode is verifiers' own: its harness program calls a real gateway, whose engine here is a
+script reading the conversation it was given (`Reader`). No network, no model server.
 
 verifiers 0.4 pins mcp==2.0.0, which the [dev] extra's mcp>=2.3 excludes, so it is not in [dev]: these tests
 skip under the README's `.[dev]` install and run in an environment with `pip install 'agentrl[verifiers]'`.
@@ -14,9 +16,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -27,9 +29,13 @@ pytest.importorskip(
     reason="verifiers 0.4 is not installed: it pins mcp==2.0.0, which .[dev]'s mcp>=2.3 excludes; "
     "pip install 'agentrl[verifiers]' in an environment of its own runs these tests (.ci/run does)",
 )
+pytest.importorskip("starlette", reason="the gateway needs starlette and uvicorn (pip install 'agentrl[gateway]')")
 
-from agentrl.adapters.verifiers_env import VerifiersEnv  # noqa: E402
-from agentrl.core import EnvError  # noqa: E402
+from agentrl.adapters.verifiers_env import VerifiersAgent  # noqa: E402
+from agentrl.config import AgentConfig, GatewayConfig, TinyModelConfig  # noqa: E402
+from agentrl.engines.base import Generation  # noqa: E402
+from agentrl.gateway import Agent, AgentRunner, Gateway  # noqa: E402
+from agentrl.gateway.server import Server, build_app  # noqa: E402
 from agentrl.registry import make  # noqa: E402
 
 ARITH = '''
@@ -69,11 +75,8 @@ class ArithTaskset(vf.Taskset[ArithTask, ArithConfig]):
 __all__ = ["ArithTaskset"]
 '''
 
-CALC = '''
-"""Tools: a calculator per task (its state is the rollout's), a taskset-wide echo, a broken and a slow tool."""
-import asyncio
-import random
-
+CALC_TOOLS = '''
+"""The calculator a task's rollout gets (its state is the rollout's): served as a process when run."""
 import verifiers.v1 as vf
 
 
@@ -81,16 +84,8 @@ class CalcState(vf.State):
     calls: int = 0
 
 
-class CalcData(vf.TaskData):
-    a: int
-    b: int
-
-
 class Calc(vf.Toolset[vf.ToolsetConfig, CalcState]):
     TOOL_PREFIX = "calc"
-
-    async def setup_task(self, task) -> None:
-        self.task_name = task.data.name
 
     @vf.tool
     async def add(self, a: int, b: int) -> int:
@@ -103,11 +98,14 @@ class Calc(vf.Toolset[vf.ToolsetConfig, CalcState]):
         """Always fails."""
         raise ValueError("the calculator broke")
 
-    @vf.tool
-    async def slow(self, seconds: float) -> str:
-        """Wait, then answer."""
-        await asyncio.sleep(seconds)
-        return "done"
+
+if __name__ == "__main__":
+    Calc.run()
+'''
+
+ECHO_TOOLS = '''
+"""A taskset-wide tool, one server for every rollout."""
+import verifiers.v1 as vf
 
 
 class Echo(vf.Toolset[vf.SharedToolsetConfig]):
@@ -117,6 +115,24 @@ class Echo(vf.Toolset[vf.SharedToolsetConfig]):
     async def echo(self, text: str) -> str:
         """Repeat a text."""
         return text
+
+
+if __name__ == "__main__":
+    Echo.run()
+'''
+
+CALC = '''
+"""Tools: a calculator per task, a taskset-wide echo."""
+import random
+
+import verifiers.v1 as vf
+from vf_test_calc_tools import Calc, CalcState
+from vf_test_echo import Echo
+
+
+class CalcData(vf.TaskData):
+    a: int
+    b: int
 
 
 class CalcTask(vf.Task[CalcData, CalcState]):
@@ -207,15 +223,15 @@ __all__ = ["GuessTaskset", "GuessEnv"]
 '''
 
 FAULTY = '''
-"""Faults, chosen by the task config: a reward that raises, gives NaN, holds the event loop; a run() that raises."""
-import time
+"""Faults, chosen by the task config: a reward that raises, gives NaN, outlives its deadline; a run() that raises."""
+import asyncio
 from typing import Literal
 
 import verifiers.v1 as vf
 
 
 class FaultConfig(vf.TaskConfig):
-    fault: Literal["none", "raise", "nan", "hang", "run"] = "none"
+    fault: Literal["none", "raise", "nan", "slow", "run"] = "none"
 
 
 class FaultTask(vf.Task[vf.TaskData, vf.State, FaultConfig]):
@@ -225,8 +241,8 @@ class FaultTask(vf.Task[vf.TaskData, vf.State, FaultConfig]):
             raise ZeroDivisionError("the judge divided by zero")
         if self.config.fault == "nan":
             return float("nan")
-        if self.config.fault == "hang":
-            time.sleep(20)  # holds the event loop: only the adapter's timeout ends the wait
+        if self.config.fault == "slow":
+            await asyncio.sleep(20)
         return 1.0
 
 
@@ -255,261 +271,309 @@ class FaultEnv(vf.Env[FaultEnvConfig]):
 __all__ = ["FaultTaskset", "FaultEnv"]
 '''
 
-# an agentrl env file (`path.py:Class`) for check-env and training: the arithmetic taskset with a scripted expert
-ENV_FILE = '''
-import json
-import sys
+# what `agentrl train --agent agentrl.adapters.verifiers_env:solve --agent.tasks vf_agents.py:<name>` reads
+AGENTS = '''
+from agentrl.adapters.verifiers_env import VerifiersAgent
 
-sys.path.insert(0, MODULES)
+arith = VerifiersAgent("vf_test_arith", config={"num_tasks": 5}).tasks
+train_arith = VerifiersAgent("vf_test_arith", max_turns=2).tasks
+calc = VerifiersAgent("vf_test_calc").tasks
+guess = VerifiersAgent("vf_test_guess").tasks
+faults = [VerifiersAgent("vf_test_faulty", config={"task": {"fault": f}}, score_timeout=2)
+          for f in ("raise", "nan", "run", "slow", "none")]
 
-from agentrl.adapters.verifiers_env import VerifiersEnv
 
-
-class ArithEnv(VerifiersEnv):
-    """vf_test_arith, with an expert that answers through the answer tool (wrong with probability `noise`)."""
-
-    def __init__(self, **kwargs):
-        kwargs.setdefault("max_turns", 2)
-        super().__init__("vf_test_arith", **kwargs)
-
-    def expert_action(self, noise=0.0):
-        value = self.task.data.answer + (1 if self.np_random.random() < noise else 0)
-        return "<tool_call>" + json.dumps({"name": "answer", "arguments": {"text": str(value)}}) + "</tool_call>"
+def faulty(seed):  # seed k: the k-th fault's env (one rollout for all of them)
+    return faults[seed % len(faults)].tasks(0)
 '''
+
+MICRO = TinyModelConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        num_key_value_heads=1, max_position_embeddings=512, vocab_size=400)
 
 
 @pytest.fixture(scope="module")
 def modules(tmp_path_factory):
-    """The verifiers packages, importable by their ids (vf_test_arith, vf_test_calc, ...)."""
+    """The verifiers packages, importable by their ids (vf_test_arith, ...), here and in the processes verifiers
+    starts (its tool servers run ``python -m <module>``)."""
     folder = tmp_path_factory.mktemp("vf_modules")
-    for name, source in (("arith", ARITH), ("calc", CALC), ("guess", GUESS), ("faulty", FAULTY)):
+    for name, source in (("arith", ARITH), ("calc_tools", CALC_TOOLS), ("echo", ECHO_TOOLS), ("calc", CALC),
+                         ("guess", GUESS), ("faulty", FAULTY)):
         (folder / f"vf_test_{name}.py").write_text(textwrap.dedent(source))
-    (folder / "arith_env.py").write_text(f"MODULES = {str(folder)!r}\n" + ENV_FILE)
+    (folder / "vf_agents.py").write_text(textwrap.dedent(AGENTS))
     sys.path.insert(0, str(folder))
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(folder), *([old] if old else [])])
     yield folder
     sys.path.remove(str(folder))
+    if old is None:
+        os.environ.pop("PYTHONPATH")
+    else:
+        os.environ["PYTHONPATH"] = old
+
+
+def demos(n: int = 40) -> list[dict]:
+    """Conversations of the sum task in OpenAI's format: the tiny policy's tokenizer, and its warm start."""
+    import random
+
+    rng = random.Random(5)
+    out = []
+    for _ in range(n):
+        a, b = rng.randint(1, 4), rng.randint(1, 4)
+        out.append({"messages": [{"role": "system", "content": "You add numbers."},
+                                 {"role": "user", "content": f"What is {a} + {b}? Reply with the number only."},
+                                 {"role": "assistant", "content": str(a + b)}]})
+    return out
+
+
+@pytest.fixture(scope="module")
+def chat(tmp_path_factory):
+    from agentrl.policy import Policy
+    from agentrl.stages.data import load_conversations
+    from agentrl.stages.sft import tiny_policy_from_conversations
+
+    folder = tmp_path_factory.mktemp("vf_policy")
+    (folder / "demos.jsonl").write_text("".join(json.dumps(d) + "\n" for d in demos()))
+    convs = [c for _, c in load_conversations(folder / "demos.jsonl")]
+    tiny_policy_from_conversations(convs, folder / "model", MICRO, seed=0)
+    return Policy.load(folder / "model").chat
+
+
+class Reader:
+    """An engine whose action for a row is `policy(row, messages)`, where messages are the (role, text) pairs of
+    the context the gateway gave that row, read back from its ids."""
+
+    def __init__(self, chat, policy):
+        self.chat, self.policy, self.sampling = chat, policy, None
+
+    def open(self, prompts):
+        engine = self
+
+        class Session:
+            turn_level = True
+
+            def __init__(self):
+                self.ids, self.started = {}, []
+
+            def add(self, rows, prompts):
+                self.ids.update({r: list(p) for r, p in zip(rows, prompts)})
+
+            def extend(self, chunks, rows=None):
+                for r, c in zip(rows, chunks):
+                    self.ids[r] += list(c)
+
+            def drop(self, rows):
+                for r in rows:
+                    self.ids.pop(r, None)
+
+            def start(self, rows):
+                self.started += list(rows)
+
+            def collect(self):
+                out = []
+                for r in self.started:
+                    text = engine.chat.tokenizer.decode(self.ids[r], skip_special_tokens=False)
+                    said = re.findall(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>", text, re.S)
+                    ids = engine.chat.action_ids(engine.policy(r, said))
+                    self.ids[r] += ids
+                    out.append((r, Generation(ids, [-0.5] * len(ids), "eos")))
+                self.started = []
+                return out
+
+        return Session()
+
+
+def roll(chat, modules, tasks: str, policy, seeds):
+    """Episodes of `seeds` through a real gateway: the in-process runner on ``verifiers_env:solve`` and the
+    task source `tasks` (a function of vf_agents.py), the engine a `Reader` of `policy`."""
+    agent = Agent(AgentConfig(entry="agentrl.adapters.verifiers_env:solve", tasks=f"{modules / 'vf_agents.py'}:{tasks}",
+                              gateway=GatewayConfig(batch_wait=0.0)))
+    with AgentRunner(agent) as runner:
+        return runner.rollout(Reader(chat, policy), chat, seeds, max_context=8192)[0]
 
 
 def call(name: str, **arguments) -> str:
     return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
 
 
-def test_a_verifiers_single_turn_env_is_scored_by_its_reward_functions(modules):
-    env = make("verifiers:vf_test_arith", config={"num_tasks": 5})
-    try:
-        assert env.name == "verifiers:vf_test_arith" and env.max_turns == 16
-        assert [s["function"]["name"] for s in env.tool_schemas()] == ["answer"]  # the reply tool, nothing else
-        obs, info = env.reset(seed=3)
-        assert obs.startswith("What is") and env.system_prompt == "You add numbers." and info["task"] == 3
-        answer = env.task.data.answer
-        # a reply in plain text: the seat's reply, scored by the task's own reward; its metrics come along
-        obs, reward, terminated, truncated, info = env.step(str(answer))
-        assert (reward, terminated, truncated) == (1.0, True, False)
-        assert info["verifiers"]["rewards"] == {"exact": 1.0} and info["verifiers"]["metrics"] == {"reply_chars": 1.0}
-        assert "reward 1" in obs
-        # the answer tool leaves the trace as if the text had been written
-        env.reset(seed=3)
-        assert env.step(call("answer", text=str(answer)))[1:3] == (1.0, True)
-        assert env.trace.last_reply == str(answer)
-        # seeds pick tasks (modulo the taskset's size); a wrong reply scores 0
-        env.reset(seed=8)
-        assert env.task.data.idx == 3
-        assert env.step(str(answer + 1))[1] == 0.0
-    finally:
-        env.close()
+def numbers(text: str) -> list[int]:
+    return [int(x) for x in re.findall(r"\d+", text)]
 
 
-def test_a_malformed_call_is_an_observation_and_stays_on_the_trace(modules):
-    env = VerifiersEnv("vf_test_arith", config={"num_tasks": 5}, max_turns=3)
-    try:
-        env.reset(seed=1)
-        obs, reward, terminated, truncated, info = env.step("<tool_call>{not json}</tool_call>")
-        assert obs.startswith("error: the tool call is not valid JSON") and "no call in this message was run" in obs
-        assert info["malformed"] == 1 and not terminated and not truncated
-        obs, *_, info = env.step(call("nope"))
-        assert "unknown tool 'nope'; tools: answer" in obs and info["malformed_calls"] == 2
-        obs, reward, terminated, truncated, info = env.step(call("answer", text=1))  # the budget's last turn
-        assert "bad arguments for answer" in obs and (terminated, truncated) == (False, True) and reward == 0.0
-        assert info["verifiers"]["stop_condition"] == "max_turns"
-        # each message and the feedback it got, as the policy saw them (the last feedback is committed when the
-        # budget refuses the next turn, as verifiers commits a refused turn's prompt)
-        roles = [n.message.role for n in env.trace.nodes]
-        assert roles == ["system", "user"] + ["assistant", "user"] * 3
-        with pytest.raises(EnvError, match="after the episode ended"):
-            env.step("3")
-        env.reset(seed=1)
-        with pytest.raises(EnvError, match="takes the action text"):
-            env.step(None)  # type: ignore[arg-type]
-    finally:
-        env.close()
+def outcome(tasks, seed):
+    return [o for o in tasks.__self__.outcomes if o.seed == seed][-1]
 
 
-def test_toolset_tools_run_in_process_with_the_rollouts_state(modules):
-    env = VerifiersEnv("vf_test_calc", tool_timeout=1)
-    try:
-        schemas = {s["function"]["name"]: s["function"] for s in env.tool_schemas()}
-        assert set(schemas) == {"echo", "calc_add", "calc_broken", "calc_slow", "answer"}  # as verifiers names them
-        assert schemas["calc_add"]["description"] == "Add two integers."
-        assert schemas["calc_add"]["parameters"]["required"] == ["a", "b"]
-        env.reset(seed=0)
-        a, b = env.task.data.a, env.task.data.b
-        assert env.step(call("calc_add", a=a, b=b))[0] == str(a + b)
-        obs, *_, info = env.step(call("calc_add", a="x", b=1))  # the schema says no: an observation, malformed
-        assert obs == "error: bad arguments for calc_add: a: 'x' is not of type 'integer'" and info["malformed"] == 1
-        obs, *_, info = env.step(call("calc_broken"))  # what the tool raised, as an MCP server answers it
-        assert obs.startswith("error:") and "the calculator broke" in obs and info["malformed"] == 0
-        t0 = time.perf_counter()
-        obs, *_, info = env.step(call("calc_slow", seconds=5))
-        assert "ran past its 1 s limit" in obs and info["tool_timeouts"] == 1 and time.perf_counter() - t0 < 4
-        assert env.step(call("echo", text="hi") + call("calc_add", a=1, b=2))[0] == "hi\n3"  # two calls, in order
-        obs, reward, terminated, truncated, info = env.step(str(a + b))
-        assert (reward, terminated) == (1.0, True)
-        # the tool wrote the rollout's state, which the (zero-weight) reward read
-        assert info["verifiers"]["rewards"] == {"correct": 1.0, "used_calculator": 1.0}
-        assert env.trace.state.calls == 2
-        assert [m.name for m in env.trace.tool_messages][:2] == ["calc_add", "calc_add"]
-        # a fresh episode has fresh task servers: a fresh state
-        env.reset(seed=1)
-        env.step(env.task.data.prompt)
-        assert env.trace.state.calls == 0
-    finally:
-        env.close()
+def test_a_single_turn_env_is_scored_by_its_own_reward_functions(chat, modules):
+    def adds(row, said):  # rows 0, 1: right; row 2: wrong
+        a, b = numbers(said[-1][1])[:2]
+        return str(a + b + (row == 2))
+
+    episodes = roll(chat, modules, "arith", adds, [3, 8, 4])
+    import vf_agents
+
+    agent = vf_agents.arith.__self__
+    assert agent.seat == "agent" and agent.max_turns == 16  # verifiers' single-agent seat; agentrl's turn budget
+    assert [e.reward for e in episodes] == [1.0, 1.0, 0.0] and all(e.terminated and not e.error for e in episodes)
+    # seeds pick tasks modulo the taskset's size: 8 is task 3 again
+    assert episodes[0].task_id == episodes[1].task_id == "arith:vf_test_arith/3"
+    assert [e.num_turns for e in episodes] == [1, 1, 1] and episodes[0].env_id == "agent:agentrl.adapters.verifiers_env"
+    text = chat.tokenizer.decode(episodes[0].prompt_ids, skip_special_tokens=False)
+    assert "You add numbers." in text and "Reply with the number only." in text  # system prompt and prompt
+    first = outcome(vf_agents.arith, 3)
+    assert first.rewards == {"exact": 1.0} and first.metrics == {"reply_chars": 1.0}
+    assert first.stop_condition == "agent_completed" and first.task.data.idx == 3
+    assert outcome(vf_agents.arith, 4).rewards == {"exact": 0.0}
 
 
-def test_a_multi_turn_env_runs_its_own_control_flow_and_reward(modules):
-    env = make("verifiers:vf_test_guess")
-    try:
-        assert env.seat == "player" and env.max_turns == 6  # the seat's own AgentConfig.max_turns
-        obs, _ = env.reset(seed=0)
-        secret = env.task.data.secret
-        assert obs.startswith("Guess my number")
-        low = 1 if secret > 1 else 2
-        obs, reward, terminated, truncated, _ = env.step(str(low))
-        assert obs == ("higher" if low < secret else "lower") and not terminated
-        assert env.step("twelve")[0] == "That is not a number."
-        obs, reward, terminated, truncated, info = env.step(str(secret))
-        assert (reward, terminated, truncated) == (1.0, True, False)
-        assert info["verifiers"]["rewards"] == {"solved": 1.0} and info["verifiers"]["metrics"] == {"guesses": 3.0}
-        # out of turns: the seat's run is stopped as verifiers' own limit stops it, scored, and truncated
-        env.reset(seed=0)
-        outs = [env.step("21") for _ in range(6)]
-        assert [o[3] for o in outs] == [False] * 5 + [True] and outs[-1][1] == 0.0
-        # the task's own @vf.stop on the model's response ends the exchange (terminated, the env's reward 0)
-        env.reset(seed=0)
-        obs, reward, terminated, truncated, info = env.step("I give up")
-        assert (reward, terminated, truncated) == (0.0, True, False) and info["verifiers"][
-            "stop_condition"
-        ] == "gave_up"
-        # and one that raises is an error naming it
-        env.reset(seed=0)
-        with pytest.raises(EnvError, match=r"@vf.intercept / @vf.stop hooks raised TaskError: .*the stop hook broke"):
-            env.step("crash")
-    finally:
-        env.close()
+def test_a_malformed_call_is_read_as_verifiers_harness_reads_it_and_counted(chat, modules):
+    # the gateway returns a call it cannot read as text (and counts it); verifiers' harness takes a message
+    # without calls as the seat's reply, so the task scores it
+    episodes = roll(chat, modules, "arith", lambda row, said: "<tool_call>{not json}</tool_call>", [1])
+    assert episodes[0].malformed_calls == 1 and episodes[0].num_turns == 1 and episodes[0].reward == 0.0
 
 
-def test_check_env_passes_on_verifiers_envs(modules):
-    from agentrl.checker import check_env
+def test_toolset_tools_are_offered_and_run_by_verifiers_with_the_rollouts_state(chat, modules):
+    seen = {}
 
-    for env_id, kwargs in (
-        (f"{modules / 'arith_env.py'}:ArithEnv", {}),
-        ("verifiers:vf_test_calc", {}),
-        ("verifiers:vf_test_guess", {}),
-    ):
-        results = check_env(env_id, **kwargs)
-        failed = [r for r in results if not r.ok]
-        assert results and not failed, (env_id, failed)
+    def calculates(row, said):
+        seen.setdefault(row, []).append(said)
+        a, b = numbers(said[1][1])[:2] if said[0][0] == "system" else numbers(said[0][1])[:2]
+        tool = [text for role, text in said if role == "user" and text.startswith("<tool_response>")]
+        if row == 0:  # the calculator, then its answer
+            return call("calc_add", a=a, b=b) if not tool else str(numbers(tool[-1])[0])
+        script = [call("calc_broken"), call("calc_add", a="x", b=1), call("echo", text="hi"), str(a + b)]
+        return script[len(tool)]
 
+    episodes = roll(chat, modules, "calc", calculates, [0, 1])
+    import vf_agents
 
-def test_a_reward_that_raises_gives_nan_or_hangs_is_an_env_error_naming_it(modules):
-    raising = VerifiersEnv("vf_test_faulty", config={"task": {"fault": "raise"}})
-    raising.reset(seed=0)
-    with pytest.raises(EnvError, match=r"episode 0 \(task 0\), turn 1.*reward 'judged' raised ZeroDivisionError"):
-        raising.step("hi")
-    raising.close()
-    nan = VerifiersEnv("vf_test_faulty", config={"task": {"fault": "nan"}})
-    nan.reset(seed=0)
-    with pytest.raises(EnvError, match="reward 'judged' returned nan"):
-        nan.step("hi")
-    nan.close()
-    run = VerifiersEnv("vf_test_faulty", config={"task": {"fault": "run"}})
-    run.reset(seed=0)
-    with pytest.raises(EnvError, match=r"FaultEnv.run\(\) raised RuntimeError: the env's run\(\) broke"):
-        run.step("hi")
-    run.close()
-    hung = VerifiersEnv("vf_test_faulty", config={"task": {"fault": "hang"}}, timeout=2)
-    hung.reset(seed=0)
-    t0 = time.perf_counter()
-    with pytest.raises(EnvError, match="scoring .* hangs: .* no answer within 2 s"):
-        hung.step("hi")
-    assert time.perf_counter() - t0 < 2 + 3
-    # the hung loop is abandoned: the next episode runs on a fresh one
-    hung.taskset.config.task.fault = "none"
-    hung.reset(seed=1)
-    assert hung.step("hi")[1:3] == (1.0, True)
-    hung.close()
+    system = seen[0][0][0][1]  # the tools in the system prompt, as verifiers' harness offers them
+    assert all(f"\n{name}(" in system for name in ("calc_add", "calc_broken", "echo"))
+    assert "calc_add(a: integer, b: integer): Add two integers." in system
+    assert [e.reward for e in episodes] == [1.0, 1.0] and [e.num_turns for e in episodes] == [2, 4]
+    solved = outcome(vf_agents.calc, 0)
+    assert solved.rewards == {"correct": 1.0, "used_calculator": 1.0} and solved.trace.state.calls == 1
+    replies = [text for role, text in seen[1][-1] if text.startswith("<tool_response>")]
+    assert "the calculator broke" in replies[0]  # what the tool raised, as its MCP server answers it
+    assert "validation error" in replies[1].lower() and "'x'" in replies[1]  # the schema said no
+    assert "hi" in replies[2]
+    # the calculator was never called in that episode: its own state says so (fresh servers per episode)
+    assert outcome(vf_agents.calc, 1).rewards == {"correct": 1.0, "used_calculator": 0.0}
 
 
-def test_other_seats_are_played_by_functions_or_named_when_nobody_plays_them(modules):
-    seen = []
+def test_a_multi_turn_env_runs_its_own_control_flow_stops_and_reward(chat, modules):
+    lows = {}
 
-    def user(messages):
-        seen.append(messages)
-        return "What is 2 + 2?" if len(seen) == 1 else "###DONE###"
+    def plays(row, said):
+        if row == 0:  # bisects on the env's answers
+            lo, hi = lows.setdefault(row, [1, 20])
+            if said[-1][1] == "higher":
+                lo = last[row] + 1
+            elif said[-1][1] == "lower":
+                hi = last[row] - 1
+            lows[row] = [lo, hi]
+            last[row] = (lo + hi) // 2
+            return str(last[row])
+        return {1: "21", 2: "I give up", 3: "crash"}[row]
 
-    env = VerifiersEnv("vf_test_arith", env="user-sim", others={"user": user})  # verifiers' own user-sim env
-    try:
-        assert env.seat == "assistant"  # its setup() marks the user untrainable
-        obs, _ = env.reset(seed=0)
-        assert obs == "What is 2 + 2?" and env.system_prompt == "You add numbers."
-        obs, reward, terminated, truncated, info = env.step("4")
-        assert terminated and info["verifiers"]["metrics"]["user_turns"] == 2.0
-        assert seen[1][-1] == {"role": "user", "content": "4"}  # the user saw the policy's reply
-    finally:
-        env.close()
-    nobody = VerifiersEnv("vf_test_arith", env="user-sim")
-    with pytest.raises(EnvError, match=r"seat 'user' needs a model of its own.*others=\{'user': fn\}"):
-        nobody.reset(seed=0)
-    nobody.close()
+    last: dict = {}
+    episodes = roll(chat, modules, "guess", plays, [0, 0, 0, 0])
+    solved, out_of_turns, gave_up, crashed = episodes
+    assert solved.reward == 1.0 and solved.terminated and solved.num_turns <= 5
+    import vf_agents
+
+    scored = [o for o in vf_agents.guess.__self__.outcomes if o.reward == 1.0][-1]
+    assert scored.rewards == {"solved": 1.0} and scored.metrics == {"guesses": float(solved.num_turns)}
+    # out of turns: verifiers' own limit (the seat's max_turns, 6) ends the exchange; scored as it stands
+    assert out_of_turns.num_turns == 6 and out_of_turns.reward == 0.0 and not out_of_turns.error
+    assert any(o.stop_condition == "max_turns" for o in vf_agents.guess.__self__.outcomes)
+    # the task's @vf.stop on the model's response ends the exchange (the env's reward 0)
+    assert gave_up.num_turns == 1 and gave_up.reward == 0.0 and not gave_up.error, gave_up.error
+    assert any(o.stop_condition == "gave_up" for o in vf_agents.guess.__self__.outcomes)
+    # and one that raises is an episode error naming the env, the task and verifiers' stage
+    assert re.search(r"verifiers env vf_test_guess, task 0: .*response interception failed: KeyError: 'the stop "
+                     "hook broke'", crashed.error or ""), crashed.error
+
+
+def test_a_reward_that_raises_gives_nan_or_outlives_its_deadline_is_an_episode_error_naming_it(chat, modules):
+    episodes = roll(chat, modules, "faulty", lambda row, said: "hi", [0, 1, 2, 3, 4])
+    raised, nan, run, slow, fine = (e.error or "" for e in episodes)
+    assert re.search(r"verifiers env vf_test_faulty, task 0: reward 'judged' raised: .*ZeroDivisionError: the judge "
+                     "divided by zero", raised), raised
+    assert "verifiers env vf_test_faulty, task 0: reward 'judged' returned nan" in nan
+    assert "task 0: EnvError: FaultEnv.run(): RuntimeError: the env's run() broke" in run
+    assert "scoring_timeout" in slow
+    assert not fine and episodes[4].reward == 1.0  # the same env, no fault: scored as usual
+    assert all("task faulty:vf_test_faulty/0" in e for e in (raised, nan, run, slow))  # the runner names the task
+
+
+def test_other_seats_need_their_own_model_and_the_policy_plays_its_own(chat, modules):
+    with pytest.raises(ValueError, match=r"seat 'user' needs a model of its own: agentrl's policy plays seat "
+                       "'assistant'"):
+        VerifiersAgent("vf_test_arith", env="user-sim", seat="assistant")
+    with pytest.raises(ValueError, match="say which one agentrl's policy plays with seat="):
+        VerifiersAgent("vf_test_arith", env="user-sim")
     with pytest.raises(ValueError, match="has no seat 'judge'"):
-        VerifiersEnv("vf_test_arith", env="user-sim", seat="judge")
+        VerifiersAgent("vf_test_arith", env="user-sim", seat="judge")
     with pytest.raises(ValueError, match="cannot be loaded"):
-        VerifiersEnv("vf_test_no_such_taskset")
-
-
-def test_a_taskset_object_runs_without_a_package(modules):
-    import vf_test_arith
-
-    env = VerifiersEnv(taskset=vf_test_arith.ArithTaskset(vf_test_arith.ArithConfig(num_tasks=3)))
+        VerifiersAgent("vf_test_no_such_taskset")
+    # the user on a model of its own (here another gateway, a script behind it): the policy plays the assistant
+    users = Gateway(GatewayConfig(batch_wait=0.0))
+    users.open_rollout(Reader(chat, lambda row, said: "What is 2 + 2?" if len(said) < 4 else "###DONE###"), chat,
+                       max_context=8192)
+    users.open_session(group_id=0, task_id="user", name="user")
+    server = Server(build_app(users)).start()
+    os.environ["VF_TEST_USER_KEY"] = users.token
     try:
-        assert env.name == "verifiers:ArithTaskset"
-        env.reset(seed=2)
-        assert env.step(str(env.task.data.answer))[1] == 1.0
+        client = {"type": "eval", "base_url": f"{server.url}/sessions/user/v1", "api_key_var": "VF_TEST_USER_KEY"}
+        user = {"model": "user", "client": client}
+        agent = VerifiersAgent("vf_test_arith", env="user-sim", env_config={"user": user})
+        assert agent.seat == "assistant" and agent.seats == ["assistant", "user"]
+        agent_runner = AgentRunner(_agent_of(agent))
+        try:
+            episodes = agent_runner.rollout(Reader(chat, lambda row, said: "4"), chat, [0], max_context=8192)[0]
+        finally:
+            agent_runner.close()
     finally:
-        env.close()
+        server.stop()
+        users.close()
+    assert not episodes[0].error and episodes[0].num_turns == 1
+    done = agent.outcomes[-1]
+    assert done.metrics["user_turns"] == 2.0 and done.trace.last_reply == "4"
+
+
+def _agent_of(verifiers_agent):
+    import vf_agents
+
+    vf_agents.user_sim = verifiers_agent.tasks
+    return Agent(AgentConfig(entry="agentrl.adapters.verifiers_env:solve", tasks="vf_agents:user_sim",
+                             gateway=GatewayConfig(batch_wait=0.0)))
+
+
+def test_make_returns_the_agent_and_says_how_to_train_it(modules):
+    agent = make("verifiers:vf_test_arith", config={"num_tasks": 5})
+    assert isinstance(agent, VerifiersAgent) and agent.tasks(7)["task_id"] == "vf_test_arith/2"
+    with pytest.raises(AttributeError, match="trains through the gateway .*--agent agentrl.adapters.verifiers_env:"):
+        agent.reset(seed=0)
+    with pytest.raises(ImportError, match="VerifiersEnv is gone: .* trains through the gateway"):
+        from agentrl.adapters.verifiers_env import VerifiersEnv  # noqa: F401
 
 
 def test_a_few_updates_train_on_a_verifiers_env(modules, tmp_path):
     from agentrl.config import TrainConfig
     from agentrl.stages.pipeline import train
 
-    micro = {
-        "hidden_size": 16,
-        "intermediate_size": 32,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "max_position_embeddings": 256,
-        "vocab_size": 300,
-    }
+    (tmp_path / "demos.jsonl").write_text("".join(json.dumps(d) + "\n" for d in demos(64)))
     cfg = TrainConfig(
-        env={"id": f"{modules / 'arith_env.py'}:ArithEnv"},
+        agent={"entry": "agentrl.adapters.verifiers_env:solve", "tasks": f"{modules / 'vf_agents.py'}:train_arith",
+               "demos": str(tmp_path / "demos.jsonl"), "gateway": {"batch_wait": 0.0}},
         algo="grpo",
         updates=2,
         out=str(tmp_path / "run"),
-        tiny=micro,
-        rollout={"groups": 2, "group_size": 2, "sampling": {"max_new_tokens": 24}},
-        sft={"episodes": 16, "epochs": 1},
-        eval={"episodes": 4, "every": 0},
+        tiny=MICRO.model_dump(),
+        rollout={"groups": 2, "group_size": 2, "sampling": {"max_new_tokens": 8}},
+        sft={"epochs": 1},
+        eval={"episodes": 2, "every": 0},
         optim={"minibatches": 1},
         checkpoint={"every": 0},
     )
@@ -517,4 +581,5 @@ def test_a_few_updates_train_on_a_verifiers_env(modules, tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r.get("step", 0) > 0 and not r.get("final")]
     assert len(steps) == 2 and all(r["rollout/episodes"] == 4 for r in steps)
+    assert all(r["gateway/calls_per_episode"] >= 1 for r in steps)
     assert summary["final_pass_rate"] is not None
