@@ -382,13 +382,13 @@ class Reader:
         return Session()
 
 
-def roll(chat, modules, tasks: str, policy, seeds):
+def roll(chat, modules, tasks: str, policy, seeds, max_context=8192):
     """Episodes of `seeds` through a real gateway: the in-process runner on ``verifiers_env:solve`` and the
     task source `tasks` (a function of vf_agents.py), the engine a `Reader` of `policy`."""
     agent = Agent(AgentConfig(entry="agentrl.adapters.verifiers_env:solve", tasks=f"{modules / 'vf_agents.py'}:{tasks}",
                               gateway=GatewayConfig(batch_wait=0.0)))
     with AgentRunner(agent) as runner:
-        return runner.rollout(Reader(chat, policy), chat, seeds, max_context=8192)[0]
+        return runner.rollout(Reader(chat, policy), chat, seeds, max_context=max_context)[0]
 
 
 def call(name: str, **arguments) -> str:
@@ -459,6 +459,10 @@ def test_toolset_tools_are_offered_and_run_by_verifiers_with_the_rollouts_state(
     assert "hi" in replies[2]
     # the calculator was never called in that episode: its own state says so (fresh servers per episode)
     assert outcome(vf_agents.calc, 1).rewards == {"correct": 1.0, "used_calculator": 0.0}
+    # a call past the context: verifiers' harness ends the segment, the task scores it, the episode is truncated
+    fits = len(episodes[0].prompt_ids) + len(episodes[0].turns[0].action_ids) + 2
+    short = roll(chat, modules, "calc", calculates, [0], max_context=fits)[0]
+    assert short.truncated and not short.error and short.num_turns == 1 and short.reward == 0.0
 
 
 def test_a_multi_turn_env_runs_its_own_control_flow_stops_and_reward(chat, modules):
