@@ -6,6 +6,6 @@
 - `agentrl.adapters.textarena_games`: TextArena's Tower of Hanoi, FrozenLake, Sokoban (``[textarena]``).
 - `agentrl.adapters.reasoning_gym_tasks`: reasoning-gym's tasks, single- and multi-turn (``[reasoning-gym]``).
 - `agentrl.adapters.textworld_games`: TextWorld's generated adventures, quest length as horizon (``[textworld]``).
-- `agentrl.adapters.verifiers_env.VerifiersEnv`: a Prime Intellect verifiers environment (``verifiers:<id>``,
-  ``[verifiers]``).
+- `agentrl.adapters.verifiers_env`: a Prime Intellect verifiers environment, run by verifiers itself with the
+  policy's seat pointed at the gateway (``--agent agentrl.adapters.verifiers_env:solve``, ``[verifiers]``).
 """

@@ -178,6 +178,7 @@ class AgentRunner:
         # one connection pool for every session's client: an OpenAI client of its own builds an SSL context
         # (tens of ms of CPU each), which for 64 sessions an update cost more than the rollout itself
         self._http: dict[bool, Any] = {}
+        self._made = threading.RLock()  # the loop and the pool are made once, whichever agent thread asks first
         self.rollouts = 0
 
     @property
@@ -294,24 +295,28 @@ class AgentRunner:
 
     def _pool(self, is_async: bool) -> Any:
         """The shared HTTP connection pool the sessions' clients use (made once; an async one on the agents' loop)."""
-        if is_async not in self._http:
-            import httpx
+        with self._made:
+            return self._http[is_async] if is_async in self._http else self._make_pool(is_async)
 
-            limits = httpx.Limits(max_connections=None, max_keepalive_connections=512)
-            timeout = httpx.Timeout(self.gateway.cfg.session_timeout, connect=10.0)
-            if is_async:
-                async def make() -> Any:
-                    return httpx.AsyncClient(limits=limits, timeout=timeout)
-                self._http[True] = asyncio.run_coroutine_threadsafe(make(), self._event_loop()).result()
-            else:
-                self._http[False] = httpx.Client(limits=limits, timeout=timeout)
+    def _make_pool(self, is_async: bool) -> Any:
+        import httpx
+
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=512)
+        timeout = httpx.Timeout(self.gateway.cfg.session_timeout, connect=10.0)
+        if is_async:
+            async def make() -> Any:
+                return httpx.AsyncClient(limits=limits, timeout=timeout)
+            self._http[True] = asyncio.run_coroutine_threadsafe(make(), self._event_loop()).result()
+        else:
+            self._http[False] = httpx.Client(limits=limits, timeout=timeout)
         return self._http[is_async]
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
-        if self._loop is None:
-            self._loop = asyncio.new_event_loop()
-            threading.Thread(target=self._loop.run_forever, name="agentrl-agent-loop", daemon=True).start()
-        return self._loop
+        with self._made:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                threading.Thread(target=self._loop.run_forever, name="agentrl-agent-loop", daemon=True).start()
+            return self._loop
 
     def close(self) -> None:
         if False in self._http:
