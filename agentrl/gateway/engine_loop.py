@@ -35,7 +35,7 @@ class EngineLoop:
 
     `submit(row, context, extension)` returns a future of the row's `Generation`; `release(row)` frees a
     row whose session ended. `open(engine)` starts a new engine session (a rollout's); `close()` stops the
-    thread. `live` is asked how many sessions may call soon (those not waiting on a generate already)."""
+    thread. `live` is asked how many sessions may call before the next generate (every open one)."""
 
     def __init__(self, batch_wait: float = 0.05, live: Callable[[], int] | None = None):
         self.batch_wait = batch_wait
@@ -43,14 +43,12 @@ class EngineLoop:
         self._cond = threading.Condition()
         self._jobs: list[_Job] = []
         self._release: list[int] = []
-        self._engine: Engine | None = None
         self._session: Any = None
         self._rows: set[int] = set()
         self._stopped = False
         self._paused = False
         self.last_generate = 0.0
         self.generates = 0
-        self.rows_generated = 0
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="agentrl-gateway-engine", daemon=True)
         self._thread.start()
@@ -64,7 +62,7 @@ class EngineLoop:
             for job in self._jobs:
                 job.extension = None
             self._release = []
-            self._engine, self._session, self._rows = engine, engine.open([]), set()
+            self._session, self._rows = engine.open([]), set()
 
     def submit(self, row: int, context: list[int], extension: list[int] | None) -> Future:
         future: Future = Future()
@@ -95,11 +93,6 @@ class EngineLoop:
             self._jobs = []
             self._cond.notify_all()
         self._thread.join(timeout=30)
-
-    @property
-    def waiting(self) -> int:
-        with self._cond:
-            return len(self._jobs)
 
     # -- the thread -----------------------------------------------------------------------------------
 
@@ -157,7 +150,6 @@ class EngineLoop:
         by_row: dict[int, Generation] = dict(session.collect())
         self.last_generate = time.perf_counter() - started
         self.generates += 1
-        self.rows_generated += len(rows)
         for job in jobs:
             job.future.set_result(by_row[job.row])
 
