@@ -175,8 +175,8 @@ class AgentRunner:
         self.server = Server(build_app(self.gateway), agent.cfg.gateway.host, agent.cfg.gateway.port,
                              max_connections=self.gateway.cfg.max_sessions + 64).start()
         self._loop: asyncio.AbstractEventLoop | None = None  # for async solves: one event loop, on a thread
-        # one connection pool for every session's client: an OpenAI client of its own builds an SSL context
-        # (tens of ms of CPU each), which for 64 sessions an update cost more than the rollout itself
+        # one connection pool for every session's client: a client of its own would build an SSL context per
+        # session, CPU that an update's sessions pay on top of the rollout (docs/benchmarks.md, "The gateway")
         self._http: dict[bool, Any] = {}
         self._made = threading.RLock()  # the loop and the pool are made once, whichever agent thread asks first
         self.rollouts = 0

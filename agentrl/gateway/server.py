@@ -165,7 +165,7 @@ class Server:
         self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         # accepted connections inherit it: without, a response's head and body wait out the client's delayed ACK
-        # (~40 ms a call on loopback)
+        # on every call (docs/benchmarks.md, "The gateway")
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.bind((host, port))
         self.host, self.port = host, self.sock.getsockname()[1]
