@@ -1000,6 +1000,12 @@ def cmd_serve_policy(argv: Sequence[str]) -> int:
     from agentrl.gateway.remote import RemoteRunner
     from agentrl.stages.pipeline import train
 
+    from agentrl.adapters.serve import is_loopback
+
+    if not is_loopback(flags.host):  # the token still guards it, but it travels in clear over plain HTTP
+        print(f"serve-policy: WARNING: --host {flags.host} offers the policy being trained and its reward endpoint to "
+              "the network over plain HTTP; anyone who sees the token can sample it and post rewards",
+              file=sys.stderr, flush=True)
     gateway = GatewayConfig(host=flags.host, port=flags.port, session_timeout=flags.session_timeout)
     runner = RemoteRunner(gateway, say=lambda m: print(m, file=sys.stderr, flush=True))
     print(f"serve-policy: the gateway listens at {runner.base_url} (POST /sessions to start an episode)\n"
