@@ -996,11 +996,10 @@ def cmd_serve_policy(argv: Sequence[str]) -> int:
         raise UsageError("serve-policy serves agents in other processes; --agent runs one in this process: use "
                          "`agentrl train --agent ...` instead")
     _check_device(cfg.device)
+    from agentrl.adapters.serve import is_loopback
     from agentrl.config import GatewayConfig
     from agentrl.gateway.remote import RemoteRunner
     from agentrl.stages.pipeline import train
-
-    from agentrl.adapters.serve import is_loopback
 
     if not is_loopback(flags.host):  # the token still guards it, but it travels in clear over plain HTTP
         print(f"serve-policy: WARNING: --host {flags.host} offers the policy being trained and its reward endpoint to "
