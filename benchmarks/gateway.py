@@ -22,7 +22,6 @@ command) for several seeds of grpo and one of turn-ppo; held-out pass rate befor
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -209,7 +208,6 @@ def main() -> None:
     args = ap.parse_args()
     rounds, seeds, updates = (2, [0], 8) if args.quick else (5, [0, 1, 2], 30)
     work = Path(tempfile.mkdtemp(prefix="agentrl-gateway-bench-"))
-    os.environ.setdefault("AGENTRL_CACHE", str(work / "cache"))
     demos = work / "demos.jsonl"
     subprocess.run([sys.executable, str(ROOT / "examples/agent/write_demos.py"), "--out", str(demos)], check=True)
     cfg = TrainConfig(agent={"entry": f"{AGENT}:solve", "demos": str(demos)})
