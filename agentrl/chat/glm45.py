@@ -18,7 +18,7 @@ from typing import Any
 
 from agentrl.chat.calls import ToolCall, _clip
 from agentrl.chat.format import Block, Calls, ToolFormat, Tools, parameter_schemas
-from agentrl.chat.hermes import CLOSE_TAG, OPEN_TAG
+from agentrl.chat.hermes import CLOSE_TAG, OPEN_TAG, tagged_blocks
 from agentrl.chat.qwen3_coder import _typed
 
 KEY, END_KEY, VALUE, END_VALUE = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
@@ -48,18 +48,7 @@ class Glm45(ToolFormat):
 
     def blocks(self, text: str, tools: Tools | None = None) -> list[Block]:
         schemas = parameter_schemas(tools)
-        out = []
-        pos = 0
-        while (start := text.find(OPEN_TAG, pos)) != -1:
-            body = start + len(OPEN_TAG)
-            end = text.find(CLOSE_TAG, body)
-            if end == -1:
-                out.append(Block(start, len(text), (ToolCall(None, {}, (
-                    "a <tool_call> was opened but never closed with </tool_call>")),)))
-                break
-            pos = end + len(CLOSE_TAG)
-            out.append(Block(start, pos, (_call(text[body:end], schemas),)))
-        return out
+        return tagged_blocks(text, lambda body: (_call(body, schemas),))
 
     def render(self, calls: Calls) -> str:
         return "\n".join(_render_one(name, args) for name, args in calls)

@@ -11,11 +11,29 @@ markers gets, with `instructions` in the system prompt.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from agentrl.chat.calls import ToolCall, _as_arguments, _loads, _stray_key
 from agentrl.chat.format import Block, Calls, ToolFormat, Tools
 
 OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
+
+
+def tagged_blocks(text: str, read: Callable[[str], tuple[ToolCall, ...]]) -> list[Block]:
+    """Every ``<tool_call>...</tool_call>`` span of `text`, its body read by `read`: the span is what Hermes,
+    qwen3-coder and GLM-4.5 share; what they write inside it differs."""
+    out = []
+    pos = 0
+    while (start := text.find(OPEN_TAG, pos)) != -1:
+        body = start + len(OPEN_TAG)
+        end = text.find(CLOSE_TAG, body)
+        if end == -1:  # everything after the last opening tag is an unfinished call
+            out.append(Block(start, len(text), (
+                ToolCall(None, {}, "a <tool_call> was opened but never closed with </tool_call>"),)))
+            break
+        pos = end + len(CLOSE_TAG)
+        out.append(Block(start, pos, read(text[body:end])))
+    return out
 
 
 class Hermes(ToolFormat):
@@ -40,18 +58,7 @@ class Hermes(ToolFormat):
     stop_strings = (CLOSE_TAG,)
 
     def blocks(self, text: str, tools: Tools | None = None) -> list[Block]:
-        out = []
-        pos = 0
-        while (start := text.find(OPEN_TAG, pos)) != -1:
-            body = start + len(OPEN_TAG)
-            end = text.find(CLOSE_TAG, body)
-            if end == -1:  # everything after the last opening tag is an unfinished call
-                out.append(Block(start, len(text), (
-                    ToolCall(None, {}, "a <tool_call> was opened but never closed with </tool_call>"),)))
-                break
-            pos = end + len(CLOSE_TAG)
-            out.append(Block(start, pos, _calls(text[body:end])))
-        return out
+        return tagged_blocks(text, _calls)
 
     def render(self, calls: Calls) -> str:
         return "\n".join(f"{OPEN_TAG}\n{_json({'name': n, 'arguments': a})}\n{CLOSE_TAG}" for n, a in calls)
