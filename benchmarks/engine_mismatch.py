@@ -36,9 +36,10 @@ from rich.console import Console
 from train_runs import machine, spread
 
 from agentrl.config import TrainConfig
+from agentrl.evaluation import evaluate
 from agentrl.monitor import Monitor
 from agentrl.policy import Policy
-from agentrl.trainer import Trainer, evaluate
+from agentrl.trainer import Trainer
 
 RESULTS = Path(__file__).parent / "results" / "engine_mismatch.json"
 # arm -> (rollout.dtype, loss.mismatch)

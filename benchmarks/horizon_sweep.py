@@ -200,10 +200,11 @@ def main() -> None:
 
     import agentrl.adapters.textarena_games  # noqa: F401  (registers the TA- ids)
     from agentrl.config import TrainConfig
+    from agentrl.evaluation import evaluate
     from agentrl.monitor import Monitor
     from agentrl.policy import Policy, TinyModelConfig
     from agentrl.stages.warm_start import warm_start
-    from agentrl.trainer import Trainer, evaluate
+    from agentrl.trainer import Trainer
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

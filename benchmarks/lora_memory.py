@@ -58,23 +58,23 @@ def worker(args: argparse.Namespace) -> None:
     trainer = Trainer(cfg, monitor=Monitor(Path(cfg.out), total=cfg.updates, console=Console(quiet=True)))
     # an untrained model fails every episode (no advantage, no update): the update here uses the
     # rollout batch with random advantages, which is the same work for the optimizer
-    episodes, _ = trainer.collect(1)
+    episodes, _ = trainer.collector.collect(1)
     batch = make_batch(episodes, trainer.policy.chat.pad_id)
-    batch = batch.with_(ref_logp=trainer.reference_logp(batch))
+    batch = batch.with_(ref_logp=trainer.learner.reference_logp(batch))
     gen = torch.Generator().manual_seed(0)
     credit = Credit(torch.randn(batch.action_mask.shape, generator=gen) * batch.action_mask, torch.ones(batch.size))
     for _ in range(args.updates):
-        trainer.optimize(batch, credit)
+        trainer.learner.optimize(batch, credit)
     model = trainer.policy.model
-    inner = getattr(trainer.optimizer, "optimizer", trainer.optimizer)  # accelerate wraps it
+    inner = getattr(trainer.learner.optimizer, "optimizer", trainer.learner.optimizer)  # accelerate wraps it
     counted = {
         "weights": _bytes(p for n, p in model.named_parameters() if "lora_" not in n),
         "adapters": _bytes(p for n, p in model.named_parameters() if "lora_" in n),
-        "reference": _bytes(trainer.reference.parameters()) if trainer.reference is not None else 0,
-        "grads": _bytes(trainer.trainable),  # freed after each step; the next backward needs them again
+        "reference": _bytes(trainer.learner.reference.parameters()) if trainer.learner.reference is not None else 0,
+        "grads": _bytes(trainer.learner.trainable),  # freed after each step; the next backward needs them again
         "moments": _bytes(t for st in inner.state.values() for t in st.values() if isinstance(t, torch.Tensor)
                           and t.dim() > 0),
-        "trained_params": sum(p.numel() for p in trainer.trainable),
+        "trained_params": sum(p.numel() for p in trainer.learner.trainable),
         "params": sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n),
     }
     mb = 1024 * 1024
