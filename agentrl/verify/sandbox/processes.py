@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 
 @dataclass(eq=False)
 class Proc:
+    """One process of a run as we hold it: its launcher, what the launcher was given (uid, folder,
+    cgroup), and what it has written so far."""
+
     popen: subprocess.Popen[bytes] | Forked
     role: str
     uid: int | None
