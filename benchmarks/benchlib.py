@@ -30,10 +30,12 @@ def machine() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_1min": round(os.getloadavg()[0], 2)}
 
 
-def record(name: str, result: dict[str, Any]) -> dict[str, Any]:
-    """`result` with the benchmark's name first and the machine and the command that ran it added."""
+def _record(name: str, result: dict[str, Any]) -> dict[str, Any]:
+    """`result` with the benchmark's name first and the machine and the command that ran it added. A result may
+    name its own command (a `main(argv)` called from Python was not run with `sys.argv`)."""
     return {"benchmark": name, **result, "machine": {**machine(), **result.get("machine", {})},
-            "command": " ".join(["python", f"benchmarks/{Path(sys.argv[0]).name}", *sys.argv[1:]])}
+            "command": result.get("command") or " ".join(["python", f"benchmarks/{Path(sys.argv[0]).name}",
+                                                         *sys.argv[1:]])}
 
 
 def save(name: str, result: dict[str, Any], quick: bool = False, path: str | Path | None = None) -> Path:
@@ -41,8 +43,14 @@ def save(name: str, result: dict[str, Any], quick: bool = False, path: str | Pat
     nothing: a long benchmark saves its figures after every part, so that a run cut short keeps them."""
     out = Path(path) if path else RESULTS / f"{name}{'_quick' if quick else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record(name, result), indent=1) + "\n")
+    out.write_text(json.dumps(_record(name, result), indent=1) + "\n")
     return out
+
+
+def announce(name: str, result: dict[str, Any]) -> None:
+    """Print `result` with the machine and the command as one JSON line, the benchmark's last, and write nothing:
+    for a run whose figures go to a file only when asked."""
+    print(json.dumps(_record(name, result)))
 
 
 def report(name: str, result: dict[str, Any], quick: bool = False, path: str | Path | None = None,
@@ -51,5 +59,5 @@ def report(name: str, result: dict[str, Any], quick: bool = False, path: str | P
     A result too long to read on one line (every run's rows) gives a `summary` of its figures: that line is
     printed instead, with the same machine and command, and the file keeps the whole."""
     out = save(name, result, quick, path)
-    print(json.dumps(record(name, result if summary is None else summary)))
+    announce(name, result if summary is None else summary)
     return out
