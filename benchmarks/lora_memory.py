@@ -10,7 +10,8 @@ batch on Vault and runs `--updates` optimizer updates on it, and reports two fig
   the gradients and AdamW's two moments, counted from the live tensors after the last update;
 - peak resident memory of the process (VmHWM), which also counts activations, the KV cache of the
   rollouts and the Python runtime.
-Baseline: full fine-tuning, measured in the same run. `ratio` is full / LoRA peak resident memory.
+Baseline: full fine-tuning, measured in the same run. `ratio` is full / LoRA peak resident memory. Last line:
+one JSON object, also written to benchmarks/results/lora_memory.json.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import parser, report  # noqa: E402
 
 
 def _bytes(tensors) -> int:
@@ -86,7 +90,7 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--lora-r", type=int, default=16)
@@ -125,14 +129,14 @@ def main() -> None:
                        ("optimizer_mb", "  AdamW moments"),
                        ("peak_rss_mb", "peak resident")]:
         print(f"{label:18s}{full[key]:>8.0f}MB{lora[key]:>8.0f}MB")
-    print(json.dumps({"benchmark": "lora_memory", "params": full["params"], "lora_r": args.lora_r,
-                      "trained_params_lora": lora["trained_params"],
-                      "training_state_mb_full": round(full["training_state_mb"], 1),
-                      "training_state_mb_lora": round(lora["training_state_mb"], 1),
-                      "peak_rss_mb_full": round(full["peak_rss_mb"]), "peak_rss_mb_lora": round(lora["peak_rss_mb"]),
-                      "state_ratio": round(full["training_state_mb"] / max(lora["training_state_mb"], 1e-9), 2),
-                      "ratio": round(full["peak_rss_mb"] / lora["peak_rss_mb"], 3), "machine": f"{os.cpu_count()} CPU "
-                      "cores"}))
+    report("lora_memory", {"params": full["params"], "lora_r": args.lora_r,
+                           "trained_params_lora": lora["trained_params"],
+                           "training_state_mb_full": round(full["training_state_mb"], 1),
+                           "training_state_mb_lora": round(lora["training_state_mb"], 1),
+                           "peak_rss_mb_full": round(full["peak_rss_mb"]),
+                           "peak_rss_mb_lora": round(lora["peak_rss_mb"]),
+                           "state_ratio": round(full["training_state_mb"] / max(lora["training_state_mb"], 1e-9), 2),
+                           "ratio": round(full["peak_rss_mb"] / lora["peak_rss_mb"], 3)})  # adds the machine
 
 
 if __name__ == "__main__":
