@@ -50,7 +50,9 @@ from agentrl.core import Episode
 from agentrl.credit import Credit, assigner_state, load_assigner_state, set_options
 from agentrl.distributed import Ranks
 from agentrl.engines import get_engine_spec
-from agentrl.health import Action, Knobs, check, plan, stops, warm_start_advice
+from agentrl.health.alarms import check, stops
+from agentrl.health.interventions import Action, Knobs, plan
+from agentrl.health.warm_start import warm_start_advice
 from agentrl.loss import policy_loss
 from agentrl.mismatch import capped_ratio, correction, loss_terms
 from agentrl.mismatch import stats as mismatch_stats

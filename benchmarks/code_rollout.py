@@ -29,8 +29,10 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # per-file bars for a few-MB model are noise here
 
+from agentrl.chat.layout import ChatFormat
+from agentrl.config import TinyModelConfig
 from agentrl.engines import ScriptedEngine  # noqa: E402
-from agentrl.policy import ChatFormat, Policy, TinyModelConfig, build_tiny_policy  # noqa: E402
+from agentrl.policy import Policy, build_tiny_policy
 from agentrl.registry import make  # noqa: E402
 from agentrl.rollout import rollout  # noqa: E402
 from agentrl.stages.sft import expert_texts  # noqa: E402

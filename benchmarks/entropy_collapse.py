@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import TrainConfig
-from agentrl.health import ENTROPY_COLLAPSE, early_level, series
+from agentrl.health import ENTROPY_COLLAPSE
+from agentrl.health.series import early_level, series
 from agentrl.report import read_metrics, write_report
 from agentrl.stages.pipeline import train
 
