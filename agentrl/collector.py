@@ -19,7 +19,7 @@ import numpy as np
 from agentrl.config import TrainConfig
 from agentrl.core import Episode
 from agentrl.distributed import Ranks
-from agentrl.health import Knobs
+from agentrl.health.interventions import Knobs
 from agentrl.rollout import rollout
 from agentrl.store import TrajectoryStore
 

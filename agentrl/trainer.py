@@ -45,7 +45,9 @@ from agentrl.credit import Credit, set_options
 from agentrl.distributed import Ranks
 from agentrl.engines import get_engine_spec
 from agentrl.evaluation import EvalResult, agent_runner, eval_sampling, evaluate, make_engine, resolve_device
-from agentrl.health import Action, Knobs, check, plan, stops, warm_start_advice
+from agentrl.health.alarms import check, stops
+from agentrl.health.interventions import Action, Knobs, plan
+from agentrl.health.warm_start import warm_start_advice
 from agentrl.learner import Learner, is_weight, nothing_to_train
 from agentrl.monitor import Monitor
 from agentrl.policy import Policy

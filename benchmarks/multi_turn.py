@@ -67,8 +67,10 @@ import numpy as np
 import torch
 from benchlib import parser, report
 
+from agentrl.chat.layout import ChatFormat
+from agentrl.config import TinyModelConfig
 from agentrl.engines import SamplingConfig, TorchEngine, torch_engine
-from agentrl.policy import ChatFormat, Policy, TinyModelConfig, build_tiny_policy
+from agentrl.policy import Policy, build_tiny_policy
 from agentrl.registry import make
 from agentrl.rollout import rollout
 from agentrl.stages.sft import expert_texts

@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from agentrl.policy import Policy, TinyModelConfig, build_tiny_policy
+from agentrl.config import TinyModelConfig
+from agentrl.policy import Policy, build_tiny_policy
 from agentrl.registry import make
 from agentrl.stages.sft import expert_texts
 

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.chat.layout import ChatFormat
 from agentrl.core import ToolCall, parse_tool_calls
 from agentrl.engines import ScriptedEngine
-from agentrl.policy import SPECIAL_TOKENS, TOOL_TOKENS, ChatFormat
+from agentrl.policy import SPECIAL_TOKENS, TOOL_TOKENS
 from agentrl.registry import make
 from agentrl.rollout import rollout
 from agentrl.stages.sft import expert_texts

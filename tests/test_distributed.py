@@ -21,8 +21,8 @@ import torch
 from safetensors.torch import load_file
 
 from agentrl.checkpoint import checkpoints, read
-from agentrl.cli import launch_command
 from agentrl.config import TrainConfig, read_yaml
+from agentrl.distributed import launch_command
 from agentrl.run_folder import CHECKPOINTS
 from agentrl.store import TrajectoryStore
 from agentrl.trainer import Trainer

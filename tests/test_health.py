@@ -23,8 +23,8 @@ from agentrl.health import (
     check,
     register,
     replay,
-    smooth,
 )
+from agentrl.health.series import smooth
 
 # the dashboard of docs/algorithms.md (Training health), exactly: step | pass_rate | group_entropy | kl_to_ref | status
 EXAMPLE = [(200, 0.42, 1.83, 0.04, "healthy"), (800, 0.61, 1.51, 0.11, "healthy"),

@@ -13,25 +13,29 @@ from agentrl.health import (
     STALLED,
     VERIFIER_OVERFIT,
     Action,
-    AdaptiveEntropy,
-    AdaptiveKL,
     Alarm,
-    DynamicSampling,
-    EntropyBonus,
     Health,
     HealthConfig,
     InterventionSpec,
     Knobs,
-    RaiseTemperature,
     Situation,
+    plan,
+    register_intervention,
+)
+from agentrl.health.config import (
+    AdaptiveEntropy,
+    AdaptiveKL,
+    DynamicSampling,
+    EntropyBonus,
+    RaiseTemperature,
     VerifierRotation,
+)
+from agentrl.health.interventions import (
     adaptive_entropy,
     adaptive_kl,
     dynamic_sampling,
     entropy_bonus,
-    plan,
     raise_temperature,
-    register_intervention,
     verifier_rotation,
 )
 

@@ -17,29 +17,28 @@ from agentrl.horizon_report import to_html, write_report
 from agentrl.probe import (
     ProbeStats,
     ProbeThresholds,
-    choose_alpha,
-    concentration,
-    cv_r2,
     default_thresholds,
-    group_folds,
-    group_outcomes,
-    learning_slope,
-    mc_returns,
     measure,
-    post_observation_entropy,
     probe_episodes,
     probe_store,
     recommend,
-    ridge_fit,
+    thresholds_from_sweep,
+)
+from agentrl.probe.bakeoff import learning_slope
+from agentrl.probe.calibration import summarize_sweep
+from agentrl.probe.stats import (
+    concentration,
+    group_outcomes,
+    mc_returns,
+    post_observation_entropy,
     state_recurrence,
     step_reward_density,
     step_signal_frac,
-    summarize_sweep,
-    thresholds_from_sweep,
     tokens_per_episode,
     turns_summary,
     value_changes,
 )
+from agentrl.probe.value import choose_alpha, cv_r2, group_folds, ridge_fit
 from agentrl.store import StoreError, TrajectoryStore
 
 
@@ -425,7 +424,7 @@ def test_a_newly_registered_turn_level_assigner_can_be_recommended(monkeypatch):
     import types
 
     from agentrl.algorithms import ASSIGNERS
-    from agentrl.probe import turn_level_assigners
+    from agentrl.probe.thresholds import turn_level_assigners
 
     s = sweep({1: {"grpo": [0.8, 0.9], "toy-turn": [0.8, 0.85]},
                8: {"grpo": [0.3, 0.4], "toy-turn": [0.6, 0.7], "gigpo": [0.35, 0.4]}})
@@ -499,13 +498,14 @@ def test_regret_of_the_probe_and_of_every_fixed_choice():
 
 
 def test_two_family_calibration_interleaves_horizons_and_keeps_the_smaller_budget():
-    pvs = _probe_vs_sweep()
+    from agentrl.probe.calibration import merge_sweeps
+
     vault = sweep({1: {"grpo": [0.5, 0.6], "steppo": [0.5, 0.6]},          # 3 turns: a tie
                    8: {"grpo": [0.3, 0.4], "steppo": [0.6, 0.7]}})         # 17 turns: steppo +0.3
     hanoi = sweep({2: {"grpo": [0.3, 0.4], "steppo": [0.8, 0.9]}})         # 5 turns: steppo +0.5
     hanoi.update(family="hanoi", knob="disks")
     hanoi["args"]["updates"] = 10
-    merged = pvs.merge_sweeps({"v.json": vault, "h.json": hanoi})
+    merged = merge_sweeps({"v.json": vault, "h.json": hanoi})
     assert sorted(merged["horizons"]) == ["hanoi/2", "vault/1", "vault/8"]
     assert merged["args"]["updates"] == 10  # 320 episodes per run, the smaller budget
     alone, both = thresholds_from_sweep(vault), thresholds_from_sweep(merged)
@@ -613,7 +613,8 @@ def test_the_calibration_records_each_assigners_lead_past_the_crossover():
 
 
 def test_calibrating_on_several_sweep_files_merges_them(tmp_path):
-    from agentrl.probe.calibration import calibration_record, main
+    from agentrl.probe.__main__ import main
+    from agentrl.probe.calibration import calibration_record
 
     vault = sweep({1: {"grpo": [0.5, 0.6], "steppo": [0.5, 0.6]}, 8: {"grpo": [0.3, 0.4], "steppo": [0.6, 0.7]}})
     hanoi = sweep({2: {"grpo": [0.3, 0.4], "steppo": [0.8, 0.9]}})

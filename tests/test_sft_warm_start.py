@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from agentrl.config import SFTConfig, TrainConfig
+from agentrl.health.warm_start import warm_start_advice
 from agentrl.monitor import SilentMonitor
 from agentrl.registry import make
-from agentrl.stages.sft import collect_demos, progress_lines, sft, warm_start_advice
+from agentrl.stages.sft import collect_demos, progress_lines, sft
 from agentrl.stages.warm_start import choose_noise
 from tests.conftest import MICRO
 

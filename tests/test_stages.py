@@ -8,9 +8,10 @@ import math
 import pytest
 import torch
 
+from agentrl.config import DPOConfig
 from agentrl.core import Episode, Turn
 from agentrl.stages.data import DataError, load_demos, load_pairs
-from agentrl.stages.dpo import DPOConfig, pairs_from_episodes, preference_loss, sequence_logp, train_preferences
+from agentrl.stages.dpo import pairs_from_episodes, preference_loss, sequence_logp, train_preferences
 from agentrl.stages.sft import sft_loss
 from agentrl.store import make_batch
 

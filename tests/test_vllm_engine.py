@@ -13,10 +13,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from agentrl.config import TinyModelConfig
 from agentrl.engines import SamplingConfig
 from agentrl.engines import vllm_engine as ve
 from agentrl.engines.vllm_engine import VLLMEngine, _Histories, sampling_kwargs, to_generation
-from agentrl.policy import Policy, TinyModelConfig, build_tiny_policy, token_stats
+from agentrl.policy import Policy, build_tiny_policy, token_stats
 from agentrl.registry import make
 from agentrl.rollout import rollout
 from agentrl.stages.sft import expert_texts

@@ -23,13 +23,13 @@ from typing import Any
 import numpy as np
 
 import agentrl.log as agentrl_log
-from agentrl.config import EnvConfig, TrainConfig
+from agentrl.config import DPOConfig, EnvConfig, TrainConfig
 from agentrl.distributed import Ranks
 from agentrl.monitor import Monitor
 from agentrl.policy import Policy
 from agentrl.registry import make
 from agentrl.rollout import rollout
-from agentrl.stages.dpo import DPOConfig, pairs_from_episodes, train_preferences
+from agentrl.stages.dpo import pairs_from_episodes, train_preferences
 from agentrl.stages.warm_start import KEY_FILE, warm_start, warm_start_from_data
 
 
@@ -82,7 +82,7 @@ def run_sft(cfg: TrainConfig, out: str | Path, data: str | None = None, lora_r: 
     demonstration longer than the model's context, is a `DataError` naming where."""
     import shutil
 
-    from agentrl.health import warm_start_advice
+    from agentrl.health.warm_start import warm_start_advice
     from agentrl.stages.data import DataError, load_conversations, to_episode
     from agentrl.stages.sft import collect_demos, progress_lines, sft, tiny_policy_from_conversations
     from agentrl.trainer import evaluate

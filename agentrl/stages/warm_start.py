@@ -21,8 +21,9 @@ from typing import Any
 import torch
 
 import agentrl.log as agentrl_log
+from agentrl.config import TinyModelConfig
 from agentrl.core import AgentEnv
-from agentrl.policy import Policy, TinyModelConfig, build_tiny_policy
+from agentrl.policy import Policy, build_tiny_policy
 from agentrl.registry import make
 from agentrl.stages.sft import (
     NoExpertError,
