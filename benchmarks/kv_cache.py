@@ -22,7 +22,7 @@ import torch
 from benchlib import parser, report
 
 from agentrl.engines import SamplingConfig, ScriptedEngine, TorchEngine
-from agentrl.engines.torch_engine import TorchSession
+from agentrl.engines.torch import TorchSession
 from agentrl.policy import Policy, TinyModelConfig, build_tiny_policy
 from agentrl.registry import make
 from agentrl.rollout import rollout
