@@ -62,8 +62,8 @@ def _fit(view: torch.Tensor, buf: torch.Tensor | None, need: int, dim: int) -> t
 def _gather_positions(x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """out[b, h, w] = x[rows[b], h, positions[b, w]] for a cache layer's keys or values x (B, H, L, D): the
     compaction's gather (`TorchSession._compact`). It copies whole head vectors, as rows of a (positions, D) view of
-    x's storage, by one `index_select`: `gather` reads an int64 index per element, and for the tiny policy's 32 x 2 x
-    2,000 x 32 cache it took 4.0 against 0.66 ms (the whole cache cloned: 0.6 ms)."""
+    x's storage, by one `index_select`, where `gather` would read an int64 index per element; it costs about what
+    cloning the cache costs (docs/benchmarks.md, "Many turns")."""
     b, heads, _, dim = x.shape
     s0, s1, s2, s3 = x.stride()
     if s3 != 1 or s2 != dim or s1 % dim or s0 % dim:  # not laid out as rows of head vectors
@@ -128,8 +128,8 @@ class _RollingCache(DynamicCache):
 
     Nothing the cache holds refers back to it: a layer, or a layer factory, holding the cache would make a cycle
     that only Python's cyclic collector frees, and a finished rollout's buffers (hundreds of MB at 32 turns) would
-    wait for its rare full collections. At 32 Vault turns a process grew by ~200 MB a round that way, to 3.7 GB
-    after 25 rounds, faulting in fresh memory every round (`test_a_finished_session_is_freed_without_the_cyclic_gc`)."""
+    wait for its rare full collections: a process running many rollouts would grow by a cache a round and fault
+    in fresh memory every round (`test_a_finished_session_is_freed_without_the_cyclic_gc`)."""
 
     def __init__(self) -> None:
         super().__init__()

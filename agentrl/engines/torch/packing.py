@@ -57,8 +57,8 @@ def _fill_plan(old: torch.Tensor, chunk_mask: torch.Tensor, index: torch.Tensor)
     """The positions a packed chunk takes: each row's holes in `old` (its kept mask (b, W) before the chunk), in
     order, then new positions past W; the cache grows by what the row with the fewest holes for its tokens lacks,
     not by the chunk's width. The chunk (b, C) is left-padded and `index` its real columns, row-major, so a row's
-    j-th token is its j-th real column. At 32 Vault turns (observations of ~30 or ~62 tokens) this took the padded
-    share of the positions attended from 20% to 13%, and a round 1.04x faster (docs/benchmarks.md, "Many turns")."""
+    j-th token is its j-th real column. A row's holes from earlier turns' padding are room, not waste: attention
+    takes keys in any order, each carrying its rotary position (figures: docs/benchmarks.md, "Many turns")."""
     chunk, width = chunk_mask.shape[1], old.shape[1]
     holes = old == 0  # (b, W)
     free, fed = holes.sum(1), chunk_mask.sum(1)  # (b,)

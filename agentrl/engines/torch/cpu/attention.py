@@ -30,9 +30,9 @@ def _decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
                       scale: float) -> torch.Tensor:
     """Attention of a few queries per head over a long cache (query (b, H, q, D), key and value (b, H, L, D), mask
     additive (b, 1, 1, L) or None): two batched matmuls around a softmax. At a handful of queries SDPA's CPU kernel
-    runs a small GEMM per block of keys and is bound by that, not by reading the cache: these three passes took
-    0.68 against 0.95 ms per layer for the tiny policy's 32 x 1,200 cache in fp32, and made a 32-turn rollout
-    round 1.07x faster (docs/benchmarks.md, "Many turns"). The rounding differs from SDPA's in the last bit."""
+    runs a small GEMM per block of keys and is bound by that, not by reading the cache; these three passes are
+    bound by the read (docs/benchmarks.md, "Many turns"). Used in fp32 only. The rounding differs from SDPA's in
+    the last bit."""
     scores = torch.matmul(query * scale, key.transpose(-1, -2))  # (b, H, q, L)
     if mask is not None:
         scores += mask
@@ -47,9 +47,8 @@ def _gqa_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
 
     A decode step (one query per row) folds each group's query heads into the query axis instead: they share
     one key head and, at one position, one mask row, so SDPA reads each key and value head once for the whole
-    group (enable_gqa reads it once per query head: a decode step's attention is the cache read from memory, and
-    folding cut it from 1.42 to 0.88 ms per layer for the tiny policy's 32 x 1100 cache, 1.79 to 1.30 ms for
-    SmolLM2's 8 x 1500). Query head h reads key head h // group, as transformers' repeat_kv lays them out.
+    group (enable_gqa reads it once per query head, and a decode step's attention is the cache read from memory).
+    Query head h reads key head h // group, as transformers' repeat_kv lays them out.
 
     A chunk fed packed or in levels (`_Chunk`) gets its queries back in the cache's rectangle, its attention
     computed level by level, and its output packed again (1, N, H, D)."""

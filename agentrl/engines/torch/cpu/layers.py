@@ -38,8 +38,8 @@ def _hub_kernels(model: torch.nn.Module) -> bool:
 
     transformers kernelizes every model it loads while `kernels` is installed (its dependency), so `use_kernels` is
     True for any model from disk; on a device without a mapped kernel, or offline, kernelize keeps each module's own
-    forward. `kernels`' own inspector lists only what a kernel did replace. Reading the flag instead had kept every
-    loaded model off `_layer`: 4% of a 32-turn rollout round (docs/benchmarks.md, "Many turns")."""
+    forward. `kernels`' own inspector lists only what a kernel did replace, so it is asked rather than the flag,
+    which would keep every model loaded from disk off `_layer` (docs/benchmarks.md, "Many turns")."""
     try:
         import kernels
     except ImportError:  # nothing can have been swapped in
@@ -99,10 +99,10 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
 def _layer(layer: torch.nn.Module, hidden: torch.Tensor, mask: torch.Tensor | None, cos: torch.Tensor,
            signed_sin: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
     """One llama-family decoder layer (`_LAYERS`) under the engine's attention: the ops its modules run, in their
-    order, called here rather than through its ten module calls, rotary and kernel-hub wrappers. A decode step is
-    ~300 small ops where the tiny policy's matmuls take under a millisecond, and the wrappers cost ~0.5 ms of a
-    ~3.5 ms step (32 rows, a short cache). `test_layers_called_in_turn_match_the_model_bit_for_bit` holds the
-    samples, log-probs and hidden states equal to the model's own forward."""
+    order, called here rather than through its ten module calls, rotary and kernel-hub wrappers: for a small
+    model a decode step is hundreds of small ops, and the wrappers are a large share of its time.
+    `test_layers_called_in_turn_match_the_model_bit_for_bit` holds the samples, log-probs and hidden states equal
+    to the model's own forward."""
     attn, mlp = layer.self_attn, layer.mlp
     shape = (*hidden.shape[:-1], -1, attn.head_dim)  # (b, s, heads, D)
     x = _norm(layer.input_layernorm, hidden)
@@ -124,9 +124,8 @@ def _run_layers(base: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor | N
     """The logits (b, V) and final hidden states (b, H) that `base(...)` computes at each row's last position (or at
     the packed positions `last` of a (1, N) sequence), calling its modules in turn: the embedding, the rotary tables,
     each decoder layer (`inline`: its ops, `_layer`), the final norm, the LM head. The same ops on the same numbers,
-    without the model-level wrappers (output capture, config defaults, deprecated-argument checks), which cost
-    ~0.5 ms of a 4-layer decode step's ~6.5 ms on CPU (tests/test_engine_padding.py checks the logits and the cache
-    bit for bit)."""
+    without the model-level wrappers (output capture, config defaults, deprecated-argument checks), a fixed cost
+    of every forward (tests/test_engine_padding.py checks the logits and the cache bit for bit)."""
     inner = base.model
     hidden = inner.embed_tokens(ids)
     rotary = inner.rotary_emb(hidden, position_ids)

@@ -16,13 +16,11 @@ def keep_freed_memory() -> bool:
 
     The engine's largest tensors are allocated afresh every few turns (a grown cache buffer, a compacted cache:
     tens of MB per layer at 32 Vault turns). By default glibc gives such blocks memory mapped for them alone, and
-    returns it when freed; every new one is then faulted in page by page. With the mmap threshold at glibc's maximum
-    (32 MB) and a trim threshold of 512 MB, a warm 32-turn round of benchmarks/multi_turn.py faults ~300 times
-    against 6,000-66,000 (3 pairs of processes in turn, 4 warm rounds each), for ~200 MB more resident memory; the
-    rounds' time moved by less than this machine's drift. Process-wide, once,
-    only under glibc and only where the user has not set these knobs (MALLOC_MMAP_THRESHOLD_,
-    MALLOC_TRIM_THRESHOLD_) or opted out (AGENTRL_SYSTEM_MALLOC=1). Returns whether it is in effect.
-    docs/benchmarks.md, "Many turns"."""
+    returns it when freed; every new one is then faulted in page by page. So the mmap threshold goes to glibc's
+    maximum (32 MB) and the trim threshold to 512 MB: freed cache buffers are reused, at the price of the freed
+    memory the process keeps (page faults and resident memory: docs/benchmarks.md, "Many turns"). Process-wide,
+    once, only under glibc and only where the user has not set these knobs (MALLOC_MMAP_THRESHOLD_,
+    MALLOC_TRIM_THRESHOLD_) or opted out (AGENTRL_SYSTEM_MALLOC=1). Returns whether it is in effect."""
     global _malloc_tuned
     if _malloc_tuned:
         return True
