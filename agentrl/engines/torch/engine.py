@@ -135,7 +135,8 @@ class TorchSession:
     are cut into contiguous runs, each decoded over a window of the cache that starts at its own
     earliest real position (`_WindowLayer`: views, no copies), where the saved attention outweighs
     the cost of another forward; the cut is chosen exactly (a partition over the slot order) from a
-    cost model of a turn, `split_cost` + rows * (`row_cost` + width). When sorting the rows by length
+    cost model of a turn, `split_cost` + rows * (`row_cost` + width) (`EngineTuning`, `planning._partition`).
+    When sorting the rows by length
     and squeezing out the holes (`_compact`: one gather of the cache) would save more than it costs,
     the slots are first reordered that way, longest first, freed slots last.
 
