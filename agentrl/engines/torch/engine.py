@@ -53,10 +53,11 @@ class TorchEngine:
         cpu = self.device.type == "cpu"
         if cpu:  # the cache lives in host memory: reuse freed blocks, do not fault them in anew
             keep_freed_memory()
-        # Once the cache has holes, the engine builds the 4D mask itself, additive (0 / -inf) in the model's dtype,
-        # once per forward: transformers would expand the 2D mask to a boolean one and SDPA convert it back in every
-        # layer. The same numbers reach the same kernel. Only on CPU, and only where every layer is plain causal
-        # SDPA (a sliding-window layer needs the model's own mask); None: pass the 2D mask.
+        # Where a forward needs a mask (holes in the cache, a chunk after cached positions), the engine builds the 4D
+        # one itself, additive (0 / -inf) in the model's dtype, once per forward: transformers would expand the 2D
+        # mask to a boolean one and SDPA convert it back in every layer. The same numbers reach the same kernel.
+        # Only on CPU, and only where every layer is plain causal SDPA (a sliding-window layer needs the model's own
+        # mask); None: pass the 2D mask.
         self.mask_dtype = next(self.model.parameters()).dtype if cpu and _plain_sdpa(self.model.config) else None
         # Under that mask, SDPA reads each grouped key and value head in place (enable_gqa, bit for bit the same)
         # rather than after transformers' repeat_kv has copied the cache once per query head. Accelerators keep
