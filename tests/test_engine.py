@@ -21,8 +21,9 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from agentrl.engines import SamplingConfig, TorchEngine, torch_engine
-from agentrl.engines.torch_engine import _append
+from agentrl.engines import SamplingConfig, TorchEngine
+from agentrl.engines.torch import cache, forward, prefill
+from agentrl.engines.torch.cache import _append
 from agentrl.policy import token_stats
 from agentrl.registry import make
 from agentrl.rollout import rollout
@@ -113,11 +114,11 @@ def test_rolling_cache_changes_nothing_and_logprobs_match_recompute(vault_policy
     for cls in (TorchEngine, PlainCacheEngine):
         envs = [make("agentrl/Vault-v0", locks=1 + i % 3) for i in range(6)]
         engine = cls(vault_policy.model, sampling, chat.stop_ids, chat.eos_id, chat.pad_id, seed=4, capture_hidden=True)
-        engine.length_buckets = False  # one forward over the whole batch in both runs (DynamicCache has no windows)
         engine.share_prefill = False  # the prompts' common prefix run once is test_engine_prefix.py's
-        # chunks written into holes put keys in another order, which rounds the last bit of a sum differently:
-        # test_engine_padding.py compares that to the plain engine
-        engine.fill_holes = False
+        # one forward over the whole batch in both runs (DynamicCache has no windows); chunks written into holes
+        # put keys in another order, which rounds the last bit of a sum differently: test_engine_padding.py
+        # compares that to the plain engine
+        engine.tune(length_buckets=False, fill_holes=False)
         # serial env steps: the same batches in both runs, so that log-probs can compare bit for bit
         runs.append(rollout(envs, list(range(6)), engine, chat, workers="serial")[0])
     rolling, plain = runs
@@ -164,7 +165,8 @@ def test_decoding_a_turn_does_not_reallocate_the_cache(vault_policy, monkeypatch
         grown.append(out[1] is not buf)
         return out
 
-    monkeypatch.setattr(torch_engine, "_append", counting_append)
+    for module in (cache, forward, prefill):  # the layers', the mask's and the shared prefill's appends
+        monkeypatch.setattr(module, "_append", counting_append)
     chat = vault_policy.chat
     layers = vault_policy.model.config.num_hidden_layers
     engine = TorchEngine(vault_policy.model, SamplingConfig(max_new_tokens=12), [], chat.eos_id, chat.pad_id, seed=0)
@@ -199,7 +201,7 @@ def test_length_windows_decode_what_reencoding_decodes(context_model, compact_co
 
     max_new = 6
     engine = TorchEngine(model, SamplingConfig(temperature=0, max_new_tokens=max_new), [], eos_id, pad_id)
-    engine.split_cost, engine.compact_cost = 0.0, compact_cost  # cut wherever attention is saved
+    engine.tune(split_cost=0.0, compact_cost=compact_cost)  # cut wherever attention is saved
     history = {r: rand(40 + 9 * r) for r in range(4)}
     session = engine.open([history[r] for r in range(4)])
     next_row = 4
@@ -226,8 +228,8 @@ def test_length_windows_decode_what_reencoding_decodes(context_model, compact_co
 _FAULTS_SCRIPT = """
 import resource, sys, torch
 if sys.argv[1] == "engine":
-    from agentrl.engines import torch_engine
-    assert torch_engine.keep_freed_memory()
+    from agentrl.engines.torch import keep_freed_memory
+    assert keep_freed_memory()
 def round_(r):  # 3 blocks of 20 MB + r MB, touched, then freed: a cache that grows a little each turn
     blocks = [torch.ones((5 << 20) + r * (1 << 18)) for _ in range(3)]
     del blocks

@@ -14,8 +14,10 @@ import torch
 from test_engine_prefix import greedy_reencoded  # the oracle: generate by re-encoding the whole history
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from agentrl.engines import SamplingConfig, TorchEngine, torch_engine
-from agentrl.engines.torch_engine import _additive_mask, _gather_positions
+from agentrl.engines import SamplingConfig, TorchEngine
+from agentrl.engines.torch import TorchSession, cache, packing
+from agentrl.engines.torch.cache import _gather_positions
+from agentrl.engines.torch.packing import _additive_mask
 from agentrl.registry import make
 from agentrl.rollout import rollout
 
@@ -33,8 +35,7 @@ def plain(engine: TorchEngine) -> TorchEngine:
     """The engine as it was: transformers builds the mask, copies the grouped heads, every chunk padded."""
     engine.mask_dtype = engine.gqa_attention = None
     engine.skip_chunk_padding = False
-    engine.head_cost = float("inf")
-    engine.compact_cost = 1e9
+    engine.tune(head_cost=float("inf"), compact_cost=1e9)
     return engine
 
 
@@ -60,9 +61,8 @@ def test_uneven_chunks_decode_what_reencoding_decodes(context_model, mode):
 
     engine = TorchEngine(model, SamplingConfig(temperature=0, max_new_tokens=5), [], 1, 0)
     assert engine.mask_dtype == torch.float32 and engine.gqa_attention is not None and engine.skip_chunk_padding
-    engine.level_gather_cost = engine.level_call_cost = 0.0
+    engine.tune(level_gather_cost=0.0, level_call_cost=0.0, head_cost=0.0 if mode == "heads-alone" else float("inf"))
     engine.skip_chunk_padding = mode == "packed-levels"
-    engine.head_cost = 0.0 if mode == "heads-alone" else float("inf")
     history = [rand(6 + 3 * r) for r in range(4)]
     session = engine.open([list(h) for h in history])
     for turn in range(5):
@@ -128,25 +128,25 @@ def test_compaction_gathers_into_the_room_ahead(context_model, monkeypatch):
     room the gather left (no layer's keys or values copied again)."""
     model, g = context_model, torch.Generator().manual_seed(4)
     compacted, grew_after = [], []
-    compact = torch_engine.TorchSession._compact
+    compact = TorchSession._compact
 
     def counting_compact(self, order=None):
         compacted.append(True)
         compact(self, order)
 
     def counting_append(view, buf, new, room, dim):
-        out = torch_engine._append.__wrapped__(view, buf, new, room, dim)
+        out = cache._append.__wrapped__(view, buf, new, room, dim)
         if dim == -2 and compacted and compacted[-1]:
             grew_after.append(out[1] is not buf)
         return out
 
-    counting_append.__wrapped__ = torch_engine._append
-    monkeypatch.setattr(torch_engine.TorchSession, "_compact", counting_compact)
-    monkeypatch.setattr(torch_engine, "_append", counting_append)
+    counting_append.__wrapped__ = cache._append
+    monkeypatch.setattr(TorchSession, "_compact", counting_compact)
+    monkeypatch.setattr(cache, "_append", counting_append)  # the layers' appends
 
     engine = TorchEngine(model, SamplingConfig(temperature=0, max_new_tokens=4), [], 1, 0)
-    engine.head_cost, engine.compact_cost = float("inf"), 0.0
-    engine.fill_holes = False  # chunks filling their rows' holes leave none to compact
+    engine.tune(head_cost=float("inf"), compact_cost=0.0,
+                fill_holes=False)  # chunks filling their rows' holes leave none to compact
     # later appends are another turn's
     session = greedy_turns_long_in_turn(model, engine, g, after_generate=lambda: compacted and compacted.append(False))
     assert session.compactions > 0 and grew_after and not any(grew_after)
@@ -159,9 +159,9 @@ def test_fill_plan_and_mask_by_hand():
     old = torch.tensor([[1, 0, 1], [1, 1, 1]])
     chunk_mask = torch.tensor([[1, 1], [0, 1]])
     index = chunk_mask.flatten().nonzero().squeeze(1)  # tokens at rectangle cells 0, 1 and 3
-    fill = torch_engine._fill_plan(old, chunk_mask, index)
+    fill = packing._fill_plan(old, chunk_mask, index)
     assert fill.rows.tolist() == [0, 0, 1] and fill.columns.tolist() == [1, 3, 3] and fill.grow == 1
-    mask = torch_engine._fill_mask(old, fill, chunk_mask, index, torch.float32)
+    mask = packing._fill_mask(old, fill, chunk_mask, index, torch.float32)
     inf = float("-inf")
     assert mask.shape == (2, 1, 2, 4)
     assert mask[0, 0].tolist() == [[0, 0, 0, inf], [0, 0, 0, 0]]
@@ -178,7 +178,7 @@ def test_a_chunk_fills_its_rows_holes_before_it_widens_the_cache(context_model):
     for fill in (True, False):
         g.manual_seed(4)
         engine = TorchEngine(model, SamplingConfig(temperature=0, max_new_tokens=4), [], 1, 0)
-        engine.head_cost, engine.compact_cost, engine.fill_holes = float("inf"), 1e9, fill
+        engine.tune(head_cost=float("inf"), compact_cost=1e9, fill_holes=fill)
         session = greedy_turns_long_in_turn(model, engine, g)
         session.generate()
         widths[fill] = session.cache_len
@@ -210,7 +210,7 @@ def test_mask_and_grouped_heads_change_no_sample(context_model):
     runs = []
     for own in (True, False):
         engine = TorchEngine(context_model, SamplingConfig(max_new_tokens=6), [], 1, 0, seed=5)
-        engine.head_cost, engine.compact_cost = float("inf"), 1e9  # only the mask and the heads differ
+        engine.tune(head_cost=float("inf"), compact_cost=1e9)  # only the mask and the heads differ
         if not own:
             engine.mask_dtype = engine.gqa_attention = None
         session = engine.open(prompts)
@@ -235,11 +235,12 @@ def test_vault_rollout_with_uneven_observations_matches_the_plain_engine(vault_p
     chat = vault_policy.chat
     sampling = SamplingConfig(max_new_tokens=8)
     fast = TorchEngine(vault_policy.model, sampling, [], chat.eos_id, chat.pad_id, seed=7)
-    fast.compact_cost = 0.0  # every lever as often as it can be pulled
+    fast.tune(compact_cost=0.0)  # every lever as often as it can be pulled
     if mode == "heads-alone":
-        fast.skip_chunk_padding, fast.head_cost = False, 0.0
+        fast.skip_chunk_padding = False
+        fast.tune(head_cost=0.0)
     else:
-        fast.level_gather_cost = fast.level_call_cost = 0.0
+        fast.tune(level_gather_cost=0.0, level_call_cost=0.0)
     slow = plain(TorchEngine(vault_policy.model, sampling, [], chat.eos_id, chat.pad_id, seed=7))
     (eps, session), (ref, ref_session) = vault_rollout(vault_policy, fast), vault_rollout(vault_policy, slow)
     if mode == "heads-alone":
@@ -379,7 +380,7 @@ def test_a_finished_session_is_freed_without_the_cyclic_gc(context_model):
     import weakref
 
     engine = TorchEngine(context_model, SamplingConfig(max_new_tokens=3), [], 1, 0, seed=2)
-    engine.compact_cost = 0.0  # compact whenever there are holes: that path too
+    engine.tune(compact_cost=0.0)  # compact whenever there are holes: that path too
     gc.collect()
     gc.disable()
     try:

@@ -141,16 +141,16 @@ def test_lockstep_threads_are_bit_identical_to_the_serial_loop(vault_policy):
 def test_refill_keeps_the_batch_bounded_and_groups_whole(vault_policy, monkeypatch):
     """With a bound of 4 rows, no forward ever holds more than 4 rows, and all 12 episodes (4
     groups of 3) come back whole, in order."""
-    from agentrl.engines import torch_engine
+    from agentrl.engines.torch import TorchSession
 
     widths = []
-    forward = torch_engine.TorchSession._forward
+    forward = TorchSession._forward
 
     def spy(self, ids, chunk_mask, *args, **kwargs):
         widths.append(len(self.rows))
         return forward(self, ids, chunk_mask, *args, **kwargs)
 
-    monkeypatch.setattr(torch_engine.TorchSession, "_forward", spy)
+    monkeypatch.setattr(TorchSession, "_forward", spy)
     chat = vault_policy.chat
     gids = [i // 3 for i in range(12)]
     episodes, _ = rollout(vault_envs(12), [g for g in gids], greedy_engine(vault_policy), chat, group_ids=gids,

@@ -51,7 +51,7 @@ def get_engine_spec(name: str) -> EngineSpec:
     return lookup(ENGINES, name, what="engine")
 
 
-register_engine(EngineSpec("torch", "agentrl.engines.torch_engine:for_policy", returns_hidden=True, syncs_weights=False,
+register_engine(EngineSpec("torch", "agentrl.engines.torch:for_policy", returns_hidden=True, syncs_weights=False,
                            description="transformers forward, one batched step per token, each row's KV cache kept "
                            "across turns"))
 register_engine(EngineSpec("vllm", "agentrl.engines.vllm_engine:for_policy", returns_hidden=False, syncs_weights=True,
@@ -59,7 +59,7 @@ register_engine(EngineSpec("vllm", "agentrl.engines.vllm_engine:for_policy", ret
                            "update ([vllm] extra, GPU)"))
 
 _LAZY = {"Engine": "base", "Generation": "base", "ScriptedEngine": "base", "Session": "base", "SamplingConfig": "base",
-         "TorchEngine": "torch_engine", "VLLMEngine": "vllm_engine"}
+         "TorchEngine": "torch", "VLLMEngine": "vllm_engine"}
 
 
 def __getattr__(name: str) -> Any:  # the engines themselves import torch: load them when first asked for
