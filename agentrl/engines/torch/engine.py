@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from agentrl.engines.base import Generation, SamplingConfig
+from agentrl.config import SamplingConfig
+from agentrl.engines.base import Generation
 from agentrl.engines.torch.cache import _fit, _gather_positions, _Group, _RollingCache, _RollingLayer, _WindowLayer
 from agentrl.engines.torch.cpu.attention import _GQA_MODELS, _GQA_SDPA, _plain_sdpa
 from agentrl.engines.torch.cpu.layers import _decoder, _inline_layers
