@@ -2,7 +2,7 @@
 
 Layout tests drive `AgentSession` with scripted generations and compare the ids with the chat template's own
 rendering; the HTTP tests drive a real server with the openai SDK (sync, async, streaming) and raw requests
-against a scripted engine; the training tests run the trainer on agents from tests/gateway_agents.py with a
+against a scripted engine; the training tests run the trainer on agents from tests/gateway/gateway_agents.py with a
 micro Llama built here.
 """
 
