@@ -44,7 +44,7 @@ def policy_dir(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("gw")
     demos = folder / "demos.jsonl"
-    subprocess.run([sys.executable, str(HERE.parent / "examples/agent/write_demos.py"), "--out", str(demos), "--n",
+    subprocess.run([sys.executable, str(HERE.parents[1] / "examples/agent/write_demos.py"), "--out", str(demos), "--n",
                     "120"], check=True, capture_output=True)
     tiny_policy_from_conversations([c for _, c in load_conversations(demos)], folder / "model", MICRO, seed=0)
     return folder
