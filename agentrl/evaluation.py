@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentrl.collector import raise_on_errors
+from agentrl.collector import agent_runner, raise_on_errors
 from agentrl.config import SamplingConfig, TrainConfig
 from agentrl.core import Episode
 from agentrl.distributed import Ranks
@@ -81,13 +81,6 @@ def eval_sampling(cfg: TrainConfig) -> SamplingConfig:
     return cfg.rollout.sampling.model_copy(update={"temperature": cfg.eval.temperature})
 
 
-def agent_runner(cfg: TrainConfig) -> Any:
-    """The gateway and the user's agent for a run with `cfg.agent` (agentrl.gateway.agent); close it after."""
-    from agentrl.gateway.agent import Agent, AgentRunner
-
-    return AgentRunner(Agent(cfg.agent, heldout_count=cfg.eval.episodes, seed_offset=cfg.eval.seed_offset))
-
-
 def evaluate(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig | None, max_context: int,
              ranks: Ranks | None = None, say: Callable[[str], None] | None = None, runner: Any = None) -> EvalResult:
     """Pass rate on the held-out seeds (the same seeds every time, so evaluations compare), sampled
@@ -115,7 +108,7 @@ def evaluate(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig | None, 
             return rollout(envs, seeds, engine, policy.chat, max_context=max_context,
                            max_new_tokens=sampling.max_new_tokens, workers=pool,
                            max_batch_rows=cfg.rollout.max_batch_rows, schedule=cfg.rollout.schedule, row_offset=lo,
-                           on_episode=progress("held-out evaluation", say))[0]
+                           on_episode=progress("held-out evaluation", say), context=cfg.rollout.context)[0]
 
     if ranks is None:
         episodes = roll()
@@ -151,5 +144,5 @@ def progress(what: str, say: Callable[[str], None] | None = None, after: float =
 
 
 
-__all__ = ["EvalResult", "agent_runner", "eval_sampling", "evaluate", "heldout_env_kwargs", "make_engine", "progress",
+__all__ = ["EvalResult", "eval_sampling", "evaluate", "heldout_env_kwargs", "make_engine", "progress",
            "resolve_device"]

@@ -51,7 +51,8 @@ def bakeoff(
 
     from agentrl.algorithms import ASSIGNERS
     from agentrl.config import TrainConfig
-    from agentrl.trainer import Trainer, evaluate
+    from agentrl.evaluation import evaluate
+    from agentrl.trainer import Trainer
 
     algos = list(ASSIGNERS) if algos is None else algos
 

@@ -82,10 +82,10 @@ def collect(
     """A short rollout with the current policy: `groups` tasks x `group_size` episodes, training seeds
     (below the held-out offset), hidden states captured for the value probe. Without `policy`, the
     policy is built as `Trainer` builds it: `--model`, else the cached SFT warm start."""
+    from agentrl.evaluation import make_engine, resolve_device
     from agentrl.policy import Policy
     from agentrl.registry import make
     from agentrl.rollout import rollout
-    from agentrl.trainer import make_engine, resolve_device
 
     cfg = train_config
     G = group_size or cfg.rollout.group_size
@@ -111,7 +111,7 @@ def collect(
     seeds = [s for s in task_seeds for _ in range(G)]
     engine = make_engine(cfg, policy, cfg.rollout.sampling, seed=cfg.seed, capture_hidden=True)
     if cfg.agent is not None:  # the agent's episodes through the gateway: measured like an env's
-        from agentrl.trainer import agent_runner
+        from agentrl.collector import agent_runner
 
         with agent_runner(cfg) as runner:
             episodes, _ = runner.rollout(engine, policy.chat, seeds, group_ids=[i // G for i in range(len(seeds))],

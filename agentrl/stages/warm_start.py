@@ -352,7 +352,7 @@ def warm_start_pass_rate(folder: Path, env_id: str, env_kwargs: dict[str, Any], 
     """The warm start's own pass rate on `episodes` calibration seeds (from `CALIBRATION_HELD_OUT`),
     sampled as the run's held-out evaluation is (under the run's context policy, where one compacts)."""
     from agentrl.config import TrainConfig
-    from agentrl.trainer import evaluate
+    from agentrl.evaluation import evaluate
 
     rollout = {"context": context.model_dump(), "sampling": {"max_new_tokens": max_new_tokens}} if context else {}
     cfg = TrainConfig(env={"id": env_id, "kwargs": env_kwargs}, tiny=tiny, seed=seed, rollout=rollout,

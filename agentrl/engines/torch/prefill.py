@@ -30,7 +30,7 @@ def _share_prefill(session: Any, joining: list[int], slots: list[int]) -> None:
     tools), `EngineTuning.min_shared_prefix` tokens or more, runs once for all of them. The last prompt token stays
     pending: the turn's first forward feeds it and samples from its logits, as without sharing. The
     samples are the unshared engine's up to the last bit of a matmul run at another batch size
-    (tests/test_engine_prefix.py counts the flips)."""
+    (tests/engines/test_engine_prefix.py counts the flips)."""
     eng = session.engine
     heads = {s: tuple(session.pending[s][:-1]) for s in joining}
     session.prefill_tokens += sum(len(session.pending[s]) for s in joining)

@@ -2,7 +2,7 @@
 
 `_run_layers` calls the embedding, the rotary tables, each decoder layer, the final norm and the LM head in turn,
 without the model-level wrappers; `_layer` runs a decoder layer's own ops (`_LAYERS`: llama, qwen2, qwen3) without
-its module calls. The same ops on the same numbers: tests/test_engine_padding.py holds the logits, the cache and the
+its module calls. The same ops on the same numbers: tests/engines/test_engine_padding.py holds the logits, the cache and the
 hidden states equal bit for bit to the model's own forward.
 """
 
@@ -125,7 +125,7 @@ def _run_layers(base: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor | N
     the packed positions `last` of a (1, N) sequence), calling its modules in turn: the embedding, the rotary tables,
     each decoder layer (`inline`: its ops, `_layer`), the final norm, the LM head. The same ops on the same numbers,
     without the model-level wrappers (output capture, config defaults, deprecated-argument checks), a fixed cost
-    of every forward (tests/test_engine_padding.py checks the logits and the cache bit for bit)."""
+    of every forward (tests/engines/test_engine_padding.py checks the logits and the cache bit for bit)."""
     inner = base.model
     hidden = inner.embed_tokens(ids)
     rotary = inner.rotary_emb(hidden, position_ids)

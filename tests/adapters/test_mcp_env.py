@@ -308,7 +308,7 @@ def test_mcp_serve_env_plays_an_episode_for_a_real_mcp_client(tmp_path):
     from mcp import ClientSession, StdioServerParameters
     from mcp.client.stdio import stdio_client
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     path = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])  # CI's mcp 2.0.0 too
     params = StdioServerParameters(command=sys.executable, cwd=str(root), env={**os.environ, "PYTHONPATH": path},
                                    args=["-m", "agentrl", "serve-env", "examples/custom_env.py:Arithmetic", "--mcp"])
@@ -384,7 +384,7 @@ def test_mcp_serve_env_keeps_stdout_for_the_protocol_and_survives_a_raising_env(
     from mcp import ClientSession, StdioServerParameters
     from mcp.client.stdio import stdio_client
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     (tmp_path / "noisy.py").write_text(NOISY)
     path = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
     params = StdioServerParameters(command=sys.executable, cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": path},

@@ -1,4 +1,4 @@
-"""Environments for tests/test_workers.py, in a module of their own: a process pool's worker
+"""Environments for tests/workers/test_workers.py, in a module of their own: a process pool's worker
 unpickles them by importing this module, which imports no torch (so the worker starts fast)."""
 
 from __future__ import annotations

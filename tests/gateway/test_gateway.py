@@ -2,7 +2,7 @@
 
 Layout tests drive `AgentSession` with scripted generations and compare the ids with the chat template's own
 rendering; the HTTP tests drive a real server with the openai SDK (sync, async, streaming) and raw requests
-against a scripted engine; the training tests run the trainer on agents from tests/gateway_agents.py with a
+against a scripted engine; the training tests run the trainer on agents from tests/gateway/gateway_agents.py with a
 micro Llama built here.
 """
 
@@ -44,7 +44,7 @@ def policy_dir(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("gw")
     demos = folder / "demos.jsonl"
-    subprocess.run([sys.executable, str(HERE.parent / "examples/agent/write_demos.py"), "--out", str(demos), "--n",
+    subprocess.run([sys.executable, str(HERE.parents[1] / "examples/agent/write_demos.py"), "--out", str(demos), "--n",
                     "120"], check=True, capture_output=True)
     tiny_policy_from_conversations([c for _, c in load_conversations(demos)], folder / "model", MICRO, seed=0)
     return folder

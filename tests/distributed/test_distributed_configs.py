@@ -15,7 +15,7 @@ from accelerate.commands.launch import _validate_launch_command, launch_command_
 from accelerate.utils import DistributedType
 from distributed_harness import launch_env, one_process, one_process_model, synced_weights, tiny_model, two_processes
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "accelerate"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "accelerate"
 CONFIGS = {"ddp.yaml": DistributedType.MULTI_GPU, "fsdp.yaml": DistributedType.FSDP,
            "deepspeed_zero2.yaml": DistributedType.DEEPSPEED, "deepspeed_zero3.yaml": DistributedType.DEEPSPEED}
 

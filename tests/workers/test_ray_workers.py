@@ -24,7 +24,7 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
     """A fresh local Ray of 2 CPUs (address="local": never a cluster this machine may belong to).
-    The actors import tests/envs_for_workers.py, so tests/ goes on the path that Ray's workers
+    The actors import tests/workers/envs_for_workers.py, so its folder goes on the path that Ray's workers
     inherit (through the environment rather than a runtime_env, which would keep them from reusing
     the workers Ray starts ahead)."""
     if ray.is_initialized():

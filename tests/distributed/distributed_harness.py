@@ -1,5 +1,5 @@
 """Two processes, one update, under one of examples/accelerate/'s config files, against the same update
-in one process (tests/test_distributed_configs.py). A module of its own, so that spawned processes
+in one process (tests/distributed/test_distributed_configs.py). A module of its own, so that spawned processes
 import it by name (and none of the test module's fixtures).
 
 Each rank takes half of one fixed batch of 4 rows, the model is a tiny Llama built from a seed (with LoRA

@@ -27,7 +27,7 @@ from agentrl.probe.calibration import calibration_record
 from agentrl.probe.thresholds import ProbeThresholds, packaged_thresholds
 from agentrl.store import TrajectoryStore
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Run in the venv, from a folder outside the checkout: prints where each agentrl module it imported came
 # from (a subpackage the wheel lacks would come from an editable install the venv also sees) and its pick.

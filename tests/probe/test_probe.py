@@ -472,7 +472,7 @@ def _probe_vs_sweep():
     import sys
     from pathlib import Path
 
-    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    bench = Path(__file__).resolve().parents[2] / "benchmarks"
     sys.path.insert(0, str(bench))
     spec = importlib.util.spec_from_file_location("probe_vs_sweep", bench / "probe_vs_sweep.py")
     mod = importlib.util.module_from_spec(spec)
@@ -638,7 +638,7 @@ def _probe_lofo():
     import sys
     from pathlib import Path
 
-    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    bench = Path(__file__).resolve().parents[2] / "benchmarks"
     sys.path.insert(0, str(bench))
     spec = importlib.util.spec_from_file_location("probe_lofo", bench / "probe_lofo.py")
     mod = importlib.util.module_from_spec(spec)

@@ -1,7 +1,7 @@
-"""The task of tests/gateway_agents.py (``What is A + B?`` with an ``add`` tool) solved by agent frameworks from PyPI,
+"""The task of gateway_agents.py (``What is A + B?`` with an ``add`` tool) solved by agent frameworks from PyPI,
 each written as its own docs show; only the base URL, the key and the model name point at the gateway.
 
-tests/test_gateway_frameworks.py runs them through `AgentRunner`. The imports sit inside each `solve` so that the
+test_gateway_frameworks.py runs them through `AgentRunner`. The imports sit inside each `solve` so that the
 file loads with any of the frameworks missing (`pip install 'agentrl[agents]'` brings them all).
 """
 

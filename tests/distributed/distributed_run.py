@@ -1,7 +1,7 @@
-"""The runs of tests/test_distributed.py: started by it under `accelerate launch --multi_gpu --num_processes 2`
+"""The runs of test_distributed.py: started by it under `accelerate launch --multi_gpu --num_processes 2`
 (CPU, gloo) and called in-process with one process, on the same configs.
 
-    python tests/distributed_run.py POLICY_DIR ROOT CASE [CASE ...]
+    python tests/distributed/distributed_run.py POLICY_DIR ROOT CASE [CASE ...]
 
 Each CASE (see `CASES`) is one short run into ROOT/CASE: Babble on the micro policy, 2 groups x 4 episodes, so
 under two processes each rank rolls out one group.

@@ -1,7 +1,7 @@
 """Agent frameworks from PyPI drive the gateway unchanged but for the base URL, the key and the model name.
 
-Each agent of tests/framework_agents.py runs through `AgentRunner` against the scripted engine of
-tests/test_gateway.py (the first call of a session is answered with an ``add`` call for 13 + 24, the next with
+Each agent of tests/gateway/framework_agents.py runs through `AgentRunner` against the scripted engine of
+tests/gateway/test_gateway.py (the first call of a session is answered with an ``add`` call for 13 + 24, the next with
 the answer), and what the framework did must reach the episode: one turn per call, the tool's result in the next
 call's context, the sampled ids kept where the framework only appends to its history, and the reward that the
 framework's own final answer earns (seed 24 asks 13 + 24 = 37, which the script answers; seed 0 asks 10 + 20).

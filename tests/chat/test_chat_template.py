@@ -1,5 +1,5 @@
 """`ChatFormat` against a second chat template: a Hermes/Qwen2.5-style tool-calling template
-(tests/fixtures/hermes_tools.jinja) on a byte-level BPE tokenizer built here, with a GPT-2-style
+(tests/chat/fixtures/hermes_tools.jinja) on a byte-level BPE tokenizer built here, with a GPT-2-style
 regex split and the tool tags as added (non-special) tokens, as Qwen2.5's tokenizer has them.
 
 ChatFormat lays a conversation out turn by turn (the prompt once, then each action's and each

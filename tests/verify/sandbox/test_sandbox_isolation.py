@@ -27,7 +27,7 @@ CAPS = probe_capabilities()
 needs_view = pytest.mark.skipif(
     CAPS.method == "none", reason="needs root or user namespaces for the file view: " + "; ".join(CAPS.reasons)
 )
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 LIMITS = Limits(wall_seconds=8, per_test_seconds=3, cpu_seconds=4, memory_mb=512, max_processes=8)
 
 # Run inside the sandbox: for each path, whether it can be read (a file) or listed (a directory).
@@ -227,7 +227,7 @@ def test_no_preexec_fn_in_a_thread_pool(monkeypatch):
 
     monkeypatch.setattr(subprocess, "Popen", Recording)
     monkeypatch.setattr(capabilities, "_caps", None)  # probe again, through the recording Popen
-    # fresh launchers, one Popen each (the fork server's path: tests/test_sandbox_forkserver.py)
+    # fresh launchers, one Popen each (the fork server's path: tests/verify/sandbox/test_sandbox_forkserver.py)
     sb = LocalSandbox(LIMITS, fork_server=False)
     prog = "def f(x):\n    return x + 1\n"
     with SandboxPool(sb, workers=3) as pool:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 ROOT = os.geteuid() == 0
 
 # Each attack is the body of `attack()`: it returns normally when the attack worked.

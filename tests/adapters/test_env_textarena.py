@@ -161,7 +161,7 @@ def test_the_horizon_sweeps_hanoi_family_builds_the_adapters_turn_budget():
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     from horizon_sweep import FAMILIES
 
     fam = FAMILIES["hanoi"]
@@ -198,7 +198,7 @@ def test_the_sweeps_new_families_build_their_envs_at_every_default_horizon():
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     from horizon_sweep import FAMILIES
 
     for name in ("hanoi-varied", "frozenlake"):

@@ -789,6 +789,7 @@ def _cached_template(repo: str) -> str | None:
     return None
 
 
+@pytest.mark.realmodel  # from the local Hugging Face cache only: nothing is downloaded
 @pytest.mark.parametrize("repo, family", REAL.items(), ids=REAL.keys())
 def test_a_cached_real_template_is_detected(repo, family):
     template = _cached_template(repo)

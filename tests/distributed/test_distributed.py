@@ -35,8 +35,8 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="gloo multi-proc
 
 
 def _env() -> dict[str, str]:
-    # the ranks import test_e2e:Babble; one thread each, as on the 2-core machine the launcher is meant for
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    # the ranks import test_e2e:Babble (in tests/); one thread each, as on the 2-core machine the launcher is meant for
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), os.environ.get("PYTHONPATH", "")]),
             "OMP_NUM_THREADS": "1"}
 
 

@@ -159,7 +159,7 @@ def test_the_guess_example_writes_demonstrations_from_a_plain_script(tmp_path):
     import subprocess
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     out = tmp_path / "demos.jsonl"
     done = subprocess.run([sys.executable, "examples/gym_guess.py", "--demos", str(out), "--episodes", "20"],
@@ -177,7 +177,7 @@ def test_a_gym_env_with_an_expert_method_has_an_expert_and_a_plain_one_has_none(
     from agentrl.checker import has_expert
     from agentrl.stages.sft import expert_pass_rate
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))  # examples/ from the checkout
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))  # examples/ from the checkout
 
     guess = make("gym:examples.gym_guess:GuessNumber-v0")
     assert has_expert(guess)

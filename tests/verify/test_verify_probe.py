@@ -102,5 +102,5 @@ def test_an_echo_of_what_the_policy_submitted_is_no_leak():
 
 def test_cli_exit_status():
     assert main(["verify-probe", "--env", "agentrl/SQL-v0", "--seeds", "2"]) == 0
-    assert main(["verify-probe", "--env", "tests.test_verify_probe:GullibleMath", "--seeds", "2"]) == 1
+    assert main(["verify-probe", "--env", "tests.verify.test_verify_probe:GullibleMath", "--seeds", "2"]) == 1
     assert main(["verify-probe", "--env", "agentrl/Nope-v0"]) == 2
