@@ -182,10 +182,11 @@ class VaultMemoryEnv(AgentEnv):
 
     def expert_summary(self, noise: float = 0.0) -> str:
         """What the expert writes when asked to summarise its context: the codes it holds for the doors not yet
-        open, and the next action. With probability `noise / 2` it drops one code (and then no longer holds it:
-        the summary is all that survives the cut), so that demonstrations show what a careless summary costs."""
+        open, and the next action. With probability `noise / 8` it drops one code (and then no longer holds it:
+        the summary is all that survives the cut), so that demonstrations show what a careless summary costs;
+        rarer than a slip of play, since an episode asks for several summaries and each drop is fatal."""
         known = {d: c for d, c in sorted(self._known.items()) if d > self.opened}
-        if known and noise > 0 and self.np_random.random() < noise / 2:
+        if known and noise > 0 and self.np_random.random() < noise / 8:
             del known[list(known)[int(self.np_random.integers(len(known)))]]
         self._known = dict(known)
         facts = " ".join(f"door {d} code {c}." for d, c in known.items())

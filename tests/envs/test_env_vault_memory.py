@@ -92,14 +92,15 @@ def test_the_expert_summary_lists_the_codes_and_a_dropped_code_is_guessed_at():
     assert env.facts_kept(summary) == 1.0
     assert [play(env, s, summarize_at=(3,))[0] for s in range(4)] == [1.0] * 4  # it keeps both and opens the vault
     kept = []
-    for seed in range(40):  # noise 1 drops one code about half the time, and the expert then guesses it
+    for seed in range(48):  # noise 1 drops one code about one time in eight, and the expert then no longer holds it
         env.reset(seed=seed)
         env.step(_call("note", door=1))
         env.step(_call("note", door=2))
         env._known = dict(enumerate(env.codes, 1))
         kept.append(env.facts_kept(env.expert_summary(noise=1.0)))
-    assert set(kept) == {0.5, 1.0} and 10 < kept.count(0.5) < 30
-    assert len(env._known) == 1 and env.expert_summary().count("code") == 1  # the dropped code is gone for good
+        if kept[-1] < 1:
+            assert len(env._known) == 1 and env.expert_summary().count("code") == 1  # gone for good
+    assert set(kept) == {0.5, 1.0} and 1 <= kept.count(0.5) < 15
 
 
 @pytest.mark.parametrize("kw, name", [(dict(doors=0), "doors"), (dict(doors=9), "doors"), (dict(patrols=-1), "patrols"),
