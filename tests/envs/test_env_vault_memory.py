@@ -109,3 +109,13 @@ def test_the_expert_summary_lists_the_codes_and_a_dropped_code_is_guessed_at():
 def test_values_outside_the_edges_are_refused_naming_the_parameter(kw, name):
     with pytest.raises(ValueError, match=f"VaultMemory: {name} must be"):
         VaultMemoryEnv(**kw)
+
+
+def test_check_env_fails_an_expert_whose_summary_loses_a_code():
+    class Forgetful(VaultMemoryEnv):
+        def expert_summary(self, noise: float = 0.0) -> str:
+            return f"next: {self.next_action()}."
+
+    checks = {r.name: r for r in check_env(Forgetful)}
+    assert checks["expert_summary"].ok is False and "keeps 0.0 of the facts" in checks["expert_summary"].message
+    assert checks["expert_finishes"].ok  # the other checks do not see it
