@@ -68,8 +68,9 @@ class ContextConfig(BaseModel):
         "keeps the current step and its immediate lead-up; at least 1, so the latest observation always survives.")
     trigger: float = Field(
         0.75, gt=0, le=1, description="summarize: ask for the summary once the next turn would pass this share of "
-        "the budget, so the instruction and a summary of summary_max_tokens still fit (the other policies need no "
-        "room to write and compact at the budget itself).")
+        "the budget (or earlier, where the instruction and a summary of summary_max_tokens would not fit after it): "
+        "a quarter of the budget leaves room for a turn's tokens, the instruction and the summary (the other "
+        "policies need no room to write and compact at the budget itself).")
     instruction: str = Field(DEFAULT_INSTRUCTION, min_length=1, description="summarize: the user message that asks "
                              "for the summary; the default asks for every fact the task may still need.")
     summary_max_tokens: int = Field(

@@ -161,6 +161,10 @@ class _Driver:
         self.policy = get_policy(self.context.policy)
         self.limit = self.context.limit(max_context)  # a turn's context and new tokens never pass it
         self.threshold = self.context.threshold(max_context)  # past it the policy compacts (None: never)
+        if self.policy.asks_policy and self.threshold is not None and self.limit is not None:
+            # ask early enough that the instruction and a whole summary still fit after the next turn's tokens
+            asking = len(chat.encode(chat.render([{"role": "user", "content": self.context.instruction}], [])))
+            self.threshold = min(self.threshold, self.limit - asking - self.context.summary_max_tokens)
         self.tracks = self.by_template or self.policy.compacts
         self.head: dict[int, list[dict[str, str]]] = {}  # row -> its first messages (system, task): kept at a cut
         self.mark: dict[int, int] = {}  # row -> where its last observation starts in seq (a summary request's base)
@@ -404,17 +408,16 @@ class _Driver:
             extension, opening = [], self.chat.encode(self.chat.render(request, env.tool_schemas()))
         else:
             extension, opening = self.chat.continuation(self.seq[row][: self.mark[row]], request, env.tool_schemas())
+        size = self.mark[row] + len(extension) if opening is None else len(opening)
+        if self.limit is not None and size + self.context.summary_max_tokens > self.limit:
+            self._submit("truncate", row)  # no room left to write a summary in (context.trigger leaves too little)
+            return
+        self.summarizing.add(row)
         if opening is None:
             turn = ep.turns[-1]
             self.ctx[row] += len(extension) - len(turn.obs_ids)
             turn.obs_ids = extension  # the observation, then the instruction, as the model is given them
             self.seq[row] = self.seq[row][: self.mark[row]] + extension
-        size = len(self.seq[row]) if opening is None else len(opening)
-        if self.limit is not None and size + self.context.summary_max_tokens > self.limit:
-            self._submit("truncate", row)  # no room left to write a summary in
-            return
-        self.summarizing.add(row)
-        if opening is None:
             self.session.extend([extension], rows=[row + self.offset])
         else:
             self.opening[row] = opening
