@@ -149,7 +149,8 @@ def expert_tokens(args: Any, policy: Any) -> float:
 
 
 def main() -> None:
-    ap = parser(__doc__, quick="1 seed, 1 update of 8 episodes, 8 held-out episodes, 64 demonstrations")
+    ap = parser(__doc__, quick="a smoke run of every arm: 1 seed, 1 update of 4 episodes, 4 held-out episodes, a "
+                "warm start on 32 demonstrations, a 12-turn episode at a budget of 160")
     ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--updates", type=int, default=6)
@@ -167,8 +168,8 @@ def main() -> None:
     ap.add_argument("--out", default="runs/context")
     args = ap.parse_args()
     if args.quick:
-        args.seeds, args.updates, args.groups, args.group_size = [0], 1, 2, 4
-        args.eval_episodes, args.demos, args.epochs = 8, 64, 1
+        args.seeds, args.updates, args.groups, args.group_size = [0], 1, 2, 2
+        args.eval_episodes, args.demos, args.epochs, args.patrols, args.budget = 4, 32, 1, 4, 160
 
     import torch
     from rich.console import Console
