@@ -148,7 +148,7 @@ def expert_tokens(args: Any, policy: Any) -> float:
     return statistics.mean(len(d.token_ids()) for d in demos)
 
 
-def main() -> None:
+def build_parser() -> Any:
     ap = parser(__doc__, quick="a smoke run of every arm: 1 seed, 1 update of 4 episodes, 4 held-out episodes, a "
                 "warm start on 32 demonstrations, a 12-turn episode at a budget of 160")
     ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
@@ -166,10 +166,19 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=256, help="rollout.context.budget in tokens")
     ap.add_argument("--keep-turns", type=int, default=2, help="window and drop-observations: turns kept whole")
     ap.add_argument("--out", default="runs/context")
-    args = ap.parse_args()
+    return ap
+
+
+def sized(args: Any) -> Any:
+    """`args` at the quick run's size where --quick is set."""
     if args.quick:
         args.seeds, args.updates, args.groups, args.group_size = [0], 1, 2, 2
         args.eval_episodes, args.demos, args.epochs, args.patrols, args.budget = 4, 32, 1, 4, 160
+    return args
+
+
+def main() -> None:
+    args = sized(build_parser().parse_args())
 
     import torch
     from rich.console import Console
