@@ -129,7 +129,7 @@ class Collector:
             rollout, self.envs, seeds, self.engine, self.chat, group_ids=gids, max_context=self.max_context,
             max_new_tokens=cfg.rollout.sampling.max_new_tokens, workers=self.workers,
             max_batch_rows=cfg.rollout.max_batch_rows, policy_version=version, schedule=cfg.rollout.schedule,
-            row_offset=lo * G)
+            row_offset=lo * G, context=cfg.rollout.context)
 
     def _report_layout(self, stats: Any) -> None:
         """Say once if the rollout's ids part from the chat template's own rendering (agentrl.chat.layout),

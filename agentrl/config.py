@@ -41,6 +41,7 @@ from pydantic import (
 from tyro.conf import Suppress, arg  # the command line's generator: how a field appears as a flag
 
 from agentrl.algorithms import CreditConfig, get_spec
+from agentrl.context import ContextConfig
 from agentrl.engines import get_engine_spec
 from agentrl.health.config import HealthConfig
 
@@ -216,6 +217,21 @@ class RolloutConfig(Strict):
         "history (Qwen3's drops earlier <think>), the next action starts a new segment, trained on exactly that "
         "context. auto: template where a probe conversation shows that appending would part from the template, else "
         "append (docs/models.md, 'History').")
+    context: ContextConfig = Field(
+        default_factory=ContextConfig, description="What an episode does when its next turn would not fit the "
+        "context budget: truncate (default, as before), drop-observations, window, summarize (the policy's own "
+        "summary, a trained action) or env (docs/context.md).")
+
+    @model_validator(mode="after")
+    def _budget_fits(self) -> RolloutConfig:
+        c = self.context
+        if c.budget is not None and self.max_context is not None and c.budget > self.max_context:
+            raise ValueError(f"context.budget {c.budget} is over max_context {self.max_context}: the budget can only "
+                             "be tighter than the model's context")
+        if c.policy == "summarize" and c.summary_max_tokens > self.sampling.max_new_tokens:
+            raise ValueError(f"context.summary_max_tokens {c.summary_max_tokens} is over sampling.max_new_tokens "
+                             f"{self.sampling.max_new_tokens}: a summary is one generation, cut to the cap")
+        return self
 
     @field_validator("env_workers")
     @classmethod

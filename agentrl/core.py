@@ -269,6 +269,17 @@ class AgentEnv(gym.Env[str, str]):
         """A hashable summary of the state (for step-level grouping); None if not defined."""
         return None
 
+    def compact(self, messages: list[dict[str, str]]) -> list[dict[str, str]]:
+        """The conversation made to fit the context budget (``rollout.context.policy: env``): given the chat
+        messages so far (system message if any, the task, then an assistant and a tool message per turn),
+        return the messages the episode continues from. Override to compact with the env's own knowledge."""
+        raise NotImplementedError(f"{type(self).__name__} has no compact(messages) hook (rollout.context.policy env)")
+
+    def facts_kept(self, summary: str) -> float | None:
+        """The share in [0, 1] of the facts the task still needs that `summary` keeps (logged as
+        ``context/facts_kept`` under rollout.context summarize); None: this env cannot say."""
+        return None
+
     def expert_action(self, noise: float = 0.0) -> str:
         """A scripted expert's next action (for demonstrations and tests).
 
@@ -466,6 +477,9 @@ class Turn:
     # the policy update that sampled this action, where it may differ from the episode's (an agent's session
     # behind the gateway can outlive an update); None: the episode's `policy_version`
     policy_version: int | None = None
+    # what the action was: "action" (answered by an env step) or "summary" (the policy's summary of the episode
+    # so far under rollout.context summarize: no env step, its observation is empty, the next turn opens a segment)
+    kind: str = "action"
 
 
 @dataclass

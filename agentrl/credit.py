@@ -22,7 +22,7 @@ import torch
 
 from agentrl.algorithms.configs import CriticConfig
 from agentrl.core import Episode
-from agentrl.store import TurnBatch
+from agentrl.store import TurnBatch, segment_batch
 
 
 @dataclass
@@ -304,13 +304,25 @@ class TurnHead(torch.nn.Module):
 
 
 def turn_features(batch: TurnBatch, model: torch.nn.Module | None) -> torch.Tensor:
-    """(B, K, H) hidden state before each turn's action: captured at rollout, else one forward."""
+    """(B, K, H) hidden state before each turn's action: captured at rollout, else one forward over the
+    contexts the actions were sampled in (the segments, where an episode has several: after a compaction
+    the state a turn starts from is the compacted context, not the appended history)."""
     if batch.turn_hidden is not None:
         return batch.turn_hidden
     if model is None:
         raise ValueError("turn features: the batch carries no hidden states and no policy was given")
     from agentrl.policy import token_stats
 
+    seg = segment_batch(batch)
+    if seg is not batch:
+        with torch.inference_mode():
+            hs = token_stats(model, seg.input_ids, seg.attention_mask, hidden=True).hidden  # (S, T', H)
+        s, t = (seg.seg_pos >= 0).nonzero(as_tuple=True)  # every action token of every segment
+        b, k, p = seg.seg_row[s], seg.turn_index[s, t], seg.seg_pos[s, t]
+        first = p == batch.turn_pos[b, k] + 1  # a turn's first action token: its preceding state is the context's
+        out = torch.zeros(batch.size, batch.turn_pos.shape[1], hs.shape[-1], device=hs.device)
+        out[b[first].to(hs.device), k[first].to(hs.device)] = hs[s[first].to(hs.device), t[first].to(hs.device)].float()
+        return out
     with torch.inference_mode():
         # (B, T, H); hs[:, t] precedes token t
         hs = token_stats(model, batch.input_ids, batch.attention_mask, hidden=True).hidden
@@ -329,8 +341,10 @@ def final_features(batch: TurnBatch, model: torch.nn.Module | None, pad_id: int)
     if not rows or model is None:
         return None
 
-    seqs = [batch.episodes[b].token_ids() + (batch.episodes[b].turns[-1].obs_ids if batch.episodes[b].turns else [])
-            for b in rows]
+    # the last segment (the context the model was last given: the whole episode unless it was compacted or the
+    # template rewrote it) and the last observation
+    seqs = [batch.episodes[b].segments()[-1][0] + (batch.episodes[b].turns[-1].obs_ids if batch.episodes[b].turns
+                                                  else []) for b in rows]
     T = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
     att = torch.zeros_like(ids)

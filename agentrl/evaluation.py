@@ -108,7 +108,7 @@ def evaluate(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig | None, 
             return rollout(envs, seeds, engine, policy.chat, max_context=max_context,
                            max_new_tokens=sampling.max_new_tokens, workers=pool,
                            max_batch_rows=cfg.rollout.max_batch_rows, schedule=cfg.rollout.schedule, row_offset=lo,
-                           on_episode=progress("held-out evaluation", say))[0]
+                           on_episode=progress("held-out evaluation", say), context=cfg.rollout.context)[0]
 
     if ranks is None:
         episodes = roll()

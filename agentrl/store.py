@@ -34,6 +34,7 @@ TURN_TYPE = pa.struct(
         ("hidden", pa.list_(pa.float32())),
         ("segment_context", pa.list_(pa.int32())),  # absent in stores written before segments: None
         ("policy_version", pa.int64()),  # absent in stores written before the gateway: None
+        ("kind", pa.string()),  # absent in stores written before context policies: "action"
     ]
 )
 SCHEMA = pa.schema(
@@ -148,8 +149,10 @@ class TurnBatch:
                             for f in fields(self)})
 
 
-def make_batch(episodes: Sequence[Episode], pad_id: int) -> TurnBatch:
-    """Lay `episodes` out as right-padded (B, T) tensors."""
+def make_batch(episodes: Sequence[Episode], pad_id: int, mask_summary: bool = False) -> TurnBatch:
+    """Lay `episodes` out as right-padded (B, T) tensors. `mask_summary` (rollout.context.mask_summary) leaves
+    the summaries' tokens out of the loss: their action mask is 0, while their turn keeps its slot (a turn
+    critic still values the state the summary was written in)."""
     if not episodes:
         raise ValueError("make_batch: no episodes")
     B = len(episodes)
@@ -173,7 +176,7 @@ def make_batch(episodes: Sequence[Episode], pad_id: int) -> TurnBatch:
         attention[b, : len(ids)] = 1
         for k, turn in enumerate(ep.turns):
             s, n = turn.context_len, len(turn.action_ids)
-            action_mask[b, s : s + n] = 1
+            action_mask[b, s : s + n] = 0 if mask_summary and turn.kind == "summary" else 1
             blogp[b, s : s + n] = torch.tensor(turn.logprobs)
             turn_index[b, s : s + n] = k
             turn_pos[b, k] = s - 1

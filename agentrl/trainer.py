@@ -289,7 +289,7 @@ class Trainer:
         KL and the implicit PRM), the proximal policy's (decoupled PPO), the sampler's (the engine gap).
         Several processes: also each row's owning rank."""
         cfg, learner = self.cfg, self.learner
-        batch = make_batch(episodes, self.policy.chat.pad_id)
+        batch = make_batch(episodes, self.policy.chat.pad_id, mask_summary=self.cfg.rollout.context.mask_summary)
         owner = torch.tensor([self.collector.owner[e.group_id] for e in episodes]) if self.ranks.world > 1 else None
         batch = batch.with_(ref_logp=learner.reference_logp(batch, owner))
         if cfg.rollout.max_staleness and cfg.loss.off_policy == "decoupled":

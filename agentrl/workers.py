@@ -145,6 +145,8 @@ def _call_env(env: AgentEnv, runner: ToolRunner, method: str, args: tuple[Any, .
         return env.step(args[0])
     if method == "truncate":
         return env.truncate()
+    if method in ("compact", "facts_kept"):  # the context policy's hooks (agentrl.context): a raise is the env's bug
+        return env._guard(method, lambda: getattr(env, method)(*args))
     raise ValueError(f"unknown env call {method!r}")
 
 

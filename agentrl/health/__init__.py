@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from agentrl.health.alarms import (
     ALARMS,
+    COMPACTION_DRIFT,
     ENGINE_MISMATCH,
     ENTROPY_COLLAPSE,
     ENTROPY_TREND,
@@ -49,6 +50,7 @@ from agentrl.health.alarms import (
     NONFINITE,
     NOTICES,
     STALLED,
+    SUMMARY_COLLAPSE,
     TRUNCATION,
     VERIFIER_OVERFIT,
     Alarm,
@@ -74,8 +76,8 @@ from agentrl.health.interventions import (
 from agentrl.health.series import Point, Row
 
 __all__ = [
-    "ALARMS", "ENGINE_MISMATCH", "ENTROPY_COLLAPSE", "ENTROPY_TREND", "INTERVENTIONS", "KL_DRIFT", "NONFINITE",
-    "NOTICES", "STALLED", "TRUNCATION", "VERIFIER_OVERFIT", "Action", "Alarm", "AlarmSpec", "Health", "HealthConfig",
-    "InterventionSpec", "Knobs", "Point", "Reading", "Row", "Situation", "alarm_spans", "check", "plan", "register",
-    "register_intervention", "replay", "stops",
+    "ALARMS", "COMPACTION_DRIFT", "ENGINE_MISMATCH", "ENTROPY_COLLAPSE", "ENTROPY_TREND", "INTERVENTIONS",
+    "KL_DRIFT", "NONFINITE", "NOTICES", "STALLED", "SUMMARY_COLLAPSE", "TRUNCATION", "VERIFIER_OVERFIT", "Action",
+    "Alarm", "AlarmSpec", "Health", "HealthConfig", "InterventionSpec", "Knobs", "Point", "Reading", "Row",
+    "Situation", "alarm_spans", "check", "plan", "register", "register_intervention", "replay", "stops",
 ]

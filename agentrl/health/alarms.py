@@ -23,12 +23,17 @@ VERIFIER_OVERFIT = "VERIFIER OVERFIT"
 TRUNCATION = "TRUNCATION BLOW-UP"
 NONFINITE = "NON-FINITE"
 ENGINE_MISMATCH = "ENGINE MISMATCH"
+SUMMARY_COLLAPSE = "SUMMARY COLLAPSE"
+COMPACTION_DRIFT = "COMPACTION DRIFT"
 ENTROPY_TREND = "entropy trending down"  # a notice, not an alarm: it never stops a run
 
 ENTROPY, KL, PASS, HELDOUT = "train/entropy", "train/kl", "rollout/pass_rate", "eval/pass_rate"
 ZERO_ADV, TRUNC = "credit/zero_adv_frac", "rollout/truncated_frac"
 FINITE_KEYS = ("train/loss", "train/grad_norm", "train/kl", "train/entropy")
 MISMATCH_KL, MISMATCH_ESS = "mismatch/kl_k3", "mismatch/ess"  # agentrl.mismatch.stats, every update
+# the rollout's, under a compacting rollout.context policy (agentrl.context)
+SUMMARY_TOKENS, FACTS_KEPT = "context/summary_tokens", "context/facts_kept"
+COMPACTIONS = "context/compactions_per_episode"
 
 
 # -- alarm states ---------------------------------------------------------------------------------
@@ -324,6 +329,47 @@ def check_engine_mismatch(r: Reading) -> str | None:
             "kernels, a weight sync); loss.mismatch corrects it (docs/algorithms.md, 'Engine mismatch')")
 
 
+def _settled(r: Reading, key: str) -> tuple[float, float] | None:
+    """(the smoothed value now, the early level) of `key`, once the history reaches past its early window."""
+    raw = r.raw(key)
+    if not raw or raw[-1][0] < raw[0][0] + r.cfg.baseline_steps:
+        return None
+    base = early_level(raw, r.cfg.baseline_steps)
+    return (r.smoothed(key)[-1][1], base) if base is not None else None
+
+
+def check_summary_collapse(r: Reading) -> str | None:
+    """The policy's summaries (rollout.context summarize) are shrinking toward nothing: smoothed summary tokens
+    below `summary_floor_frac` of their early level; or losing the facts the task needs: the env's smoothed
+    facts-kept share `facts_drop` or more below its early level. Masked summaries were reported to collapse
+    (docs/context.md); a trained summary that collapses is the policy learning to forget."""
+    cfg, why = r.cfg, []
+    tokens = _settled(r, SUMMARY_TOKENS)
+    if tokens is not None and tokens[1] > 0 and tokens[0] < cfg.summary_floor_frac * tokens[1]:
+        why.append(f"summaries of {tokens[0]:.0f} tokens are below {cfg.summary_floor_frac:.0%} of the early "
+                   f"{tokens[1]:.0f}")
+    facts = _settled(r, FACTS_KEPT)
+    if facts is not None and facts[0] <= facts[1] - cfg.facts_drop:
+        why.append(f"summaries keep {facts[0]:.0%} of the facts the task needs (early run: {facts[1]:.0%}; "
+                   f"limit: a fall of {cfg.facts_drop:.0%})")
+    return "; ".join(why) or None
+
+
+def check_compaction_drift(r: Reading) -> str | None:
+    """Compactions per episode moved far from their early rate (x (1 + `compaction_drift`) or / it): episodes
+    outgrowing the budget much more often (longer turns, summaries that crowd the context they free) or much
+    less (shorter episodes, a policy that ends early to avoid the cut)."""
+    cfg, rate = r.cfg, _settled(r, COMPACTIONS)
+    if rate is None or rate[1] <= 0:
+        return None
+    now, base = rate
+    ratio = now / base
+    if ratio >= 1 + cfg.compaction_drift or ratio <= 1 / (1 + cfg.compaction_drift):
+        return (f"{now:.2f} compactions per episode against {base:.2f} early in the run (x{ratio:.2f}; limit "
+                f"x{1 + cfg.compaction_drift:g} either way)")
+    return None
+
+
 # How each alarm reads in the status column: the docs' example spells "stalled + KL drifting"
 register(AlarmSpec(ENTROPY_COLLAPSE, "ENTROPY COLLAPSE", "health/entropy_collapse", check_entropy_collapse, "#d62728"))
 register(AlarmSpec(STALLED, "stalled", "health/stalled", check_stalled, "#7f7f7f"))
@@ -332,6 +378,10 @@ register(AlarmSpec(VERIFIER_OVERFIT, "VERIFIER OVERFIT", "health/verifier_overfi
                    "#ff7f0e"))
 register(AlarmSpec(TRUNCATION, "truncation blow-up", "health/truncation", check_truncation, "#8c564b"))
 register(AlarmSpec(ENGINE_MISMATCH, "ENGINE MISMATCH", "health/engine_mismatch", check_engine_mismatch, "#17becf"))
+register(AlarmSpec(SUMMARY_COLLAPSE, "SUMMARY COLLAPSE", "health/summary_collapse", check_summary_collapse,
+                   "#e377c2"))
+register(AlarmSpec(COMPACTION_DRIFT, "compaction drift", "health/compaction_drift", check_compaction_drift,
+                   "#bcbd22"))
 # a step whose loss or gradient is not finite is skipped: the run cannot learn on, so it stops under every on_alarm
 register(AlarmSpec(NONFINITE, "NON-FINITE loss/grad", "health/nonfinite", check_nonfinite, "#000000", fatal=True))
 
@@ -411,8 +461,9 @@ def stops(health: Health, cfg: HealthConfig) -> list[Alarm]:
 
 
 __all__ = [
-    "ALARMS", "ENGINE_MISMATCH", "ENTROPY_COLLAPSE", "ENTROPY_TREND", "KL_DRIFT", "NONFINITE", "NOTICES", "STALLED",
-    "TRUNCATION", "VERIFIER_OVERFIT", "Alarm", "AlarmSpec", "Health", "Reading", "alarm_spans", "check",
-    "check_engine_mismatch", "check_entropy_collapse", "check_kl_drift", "check_nonfinite", "check_stalled",
-    "check_truncation", "check_verifier_overfit", "entropy_trending_down", "no_progress", "register", "replay", "stops",
+    "ALARMS", "COMPACTION_DRIFT", "ENGINE_MISMATCH", "ENTROPY_COLLAPSE", "ENTROPY_TREND", "KL_DRIFT", "NONFINITE",
+    "NOTICES", "STALLED", "SUMMARY_COLLAPSE", "TRUNCATION", "VERIFIER_OVERFIT", "Alarm", "AlarmSpec", "Health",
+    "Reading", "alarm_spans", "check", "check_compaction_drift", "check_engine_mismatch", "check_entropy_collapse",
+    "check_kl_drift", "check_nonfinite", "check_stalled", "check_summary_collapse", "check_truncation",
+    "check_verifier_overfit", "entropy_trending_down", "no_progress", "register", "replay", "stops",
 ]

@@ -157,6 +157,16 @@ class HealthConfig(_Strict):
                                     "episodes' weights prod_t pi_old / mu falls to this share of the batch: below "
                                     "half, fewer than half the episodes carry the batch's weight, and a sequence-level "
                                     "correction would train on those few.")
+    summary_floor_frac: float = Field(0.3, gt=0, lt=1, description="SUMMARY COLLAPSE when the policy's summaries "
+                                      "(rollout.context summarize) shrink below this fraction of their early length: "
+                                      "the entropy floor's 30%, since a summary a third as long has dropped most of "
+                                      "what it carried...")
+    facts_drop: float = Field(0.2, gt=0, le=1, description="...or when the share of the task's facts they keep "
+                              "(context/facts_kept, where the env can say) fell this far below its early level: a "
+                              "fifth of the facts lost is a fifth of the late questions answered blind.")
+    compaction_drift: float = Field(1.0, gt=0, description="COMPACTION DRIFT when compactions per episode rose to "
+                                    "(1 + this) times their early rate or fell to 1 / (1 + this) of it: doubled or "
+                                    "halved, beyond the noise of a batch's episode lengths.")
     interventions: Interventions = Field(default_factory=Interventions, description="What --health.on-alarm "
                                          "intervene may do, each on its own switch.")
 

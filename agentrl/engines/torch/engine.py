@@ -494,12 +494,24 @@ class TorchSession:
         self.holes = self.holes or self.cache_len > 0
         self.turn_hidden = None
 
+    @torch.inference_mode()  # the session's tensors are made in inference mode (generate)
     def drop(self, rows: Sequence[int]) -> None:
-        """These rows leave the batch; their slots are free for `add` (the cache is not touched)."""
+        """These rows leave the batch; their slots are free for `add`. Their cache stays, masked out, until
+        most of the cache is dead: then it is squeezed (`_compact`), or emptied when no row holds anything.
+        A row cut and re-added on a shorter context (a compaction, rollout.context) thus frees its old
+        positions, and a long episode holds what its budget allows, not what it has lived through."""
         for s in self._slots(rows):
             self.slot_rows[s], self.pending[s] = None, []
         gone = set(rows)
         self.order = [r for r in self.order if r not in gone]
+        live = [s for s, r in enumerate(self.slot_rows) if r is not None and not self.fresh[s]]
+        held = int(self.mask[live].sum(1).max()) if live and self.cache_len else 0
+        if held == 0 and self.cache_len:
+            self.cache, self.mask, self.mask_buf = _RollingCache(), self.mask.new_zeros(len(self.slot_rows), 0), None
+            self.holes, self.turn_hidden = False, None
+            self.fresh = [True if r is None else f for r, f in zip(self.slot_rows, self.fresh)]
+        elif self.cache_len > 64 and 2 * held < self.cache_len:  # the rule `_plan` squeezes holes by
+            self._compact()
 
     @torch.inference_mode()  # the session's tensors are made in inference mode (generate)
     def keep(self, positions: Sequence[int]) -> None:
