@@ -4,6 +4,7 @@
     agentrl sft --out warm/ [--data demos.jsonl] [--model ...]
     agentrl dpo --model warm/ --out pref/
     agentrl pipeline [--algo grpo]                         # SFT -> DPO -> RL
+    agentrl distill --mode rejection|on-policy --teacher MODEL
     agentrl probe [--env ...] | --store RUN_DIR             # horizon report, recommended assigner
     agentrl check-env my_pkg.envs:MyEnv
     agentrl verify-probe --env agentrl/Code-v0
@@ -31,7 +32,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import tyro
 from pydantic import Field, ValidationError, create_model
@@ -39,6 +40,7 @@ from pydantic import Field, ValidationError, create_model
 from agentrl.config import (
     DPOConfig,
     EnvConfig,
+    RejectionConfig,
     SFTConfig,
     Strict,
     TinyModelConfig,
@@ -239,6 +241,15 @@ def _check_expert(env_id: str, kwargs: dict[str, Any]) -> None:
         raise UsageError(f"environment {env_id}: {NO_EXPERT}")
 
 
+def _check_teacher(cfg: TrainConfig) -> None:
+    """An assigner that reads a teacher (--algo distill) without --teacher fails here, before any work."""
+    from agentrl.algorithms import get_spec
+
+    if get_spec(cfg.algo).reads_teacher and cfg.teacher is None:
+        raise UsageError(f"--algo {cfg.algo} scores the student's tokens under a teacher: give --teacher MODEL (a "
+                         "folder, hub id or a name `agentrl models` fetches) that shares the student's tokenizer")
+
+
 def _check_device(device: str) -> None:
     if device.startswith("cuda"):
         import torch
@@ -392,6 +403,7 @@ def cmd_train(argv: Sequence[str]) -> int:
         if cfg.model is None and cfg.sft.warm_start is None:
             _check_expert(cfg.env.id, cfg.env.kwargs)
     _check_device(cfg.device)
+    _check_teacher(cfg)
     from agentrl.distributed import launched
 
     if flags.num_processes > 1:
@@ -405,6 +417,7 @@ def cmd_train(argv: Sequence[str]) -> int:
                              "process rolls out whole groups, so give it at least one group per process")
         return _launch(flags.num_processes, ["train", *_without_flag(argv, "--num-processes")])
     from agentrl.stages.pipeline import train
+    from agentrl.teacher import TeacherMismatch
     from agentrl.trainer import ResumeUnsupported, resolve_device
 
     decisions: dict[str, Any] = {}
@@ -418,7 +431,7 @@ def cmd_train(argv: Sequence[str]) -> int:
         cfg, decisions = _probe_for_auto(cfg)
     try:
         train(cfg, decisions=decisions or None, resume=flags.resume is not None, overwrite=flags.overwrite)
-    except ResumeUnsupported as e:  # found before any work (FSDP / DeepSpeed): a usage error, not a traceback
+    except (ResumeUnsupported, TeacherMismatch) as e:  # found before any training: a usage error, not a traceback
         raise UsageError(str(e)) from None
     return 0
 
@@ -539,13 +552,22 @@ class PipelineFlags(RunFlags):
     dpo: DPOConfig = Field(default_factory=DPOConfig, description="Stage two's options.")
     dpo_stage: bool = Field(True, description="Run stage two (preference optimisation); --no-dpo-stage goes from SFT "
                             "straight to RL.")
+    distill: Literal["off", "rejection", "on-policy"] = Field(
+        "off", description="Distil --teacher into the SFT policy before DPO and RL (agentrl distill's modes); off: no "
+        "teacher, the recipe as before.")
+    distill_updates: int = Field(20, ge=1, description="--distill on-policy: updates of --algo distill.")
+    rejection: RejectionConfig = Field(default_factory=RejectionConfig, description="--distill rejection's "
+                                       "sampling.")
+    stop_after_distill: bool = Field(False, description="End the pipeline after the distillation stage: the recipe "
+                                     "for a small policy, where distillation often gains more than RL would.")
 
 
 def cmd_pipeline(argv: Sequence[str]) -> int:
-    cfg, flags, auto = _run_flags(argv, "agentrl pipeline", "The recipe: SFT -> DPO/SimPO/IPO -> RL on one train "
-                                  "config, each stage in its own folder under --out, with the held-out pass rate "
-                                  "after every stage; --updates 0 skips RL. --resume PIPELINE_DIR goes on at the "
-                                  "first stage that did not finish (RL from its newest checkpoint).",
+    cfg, flags, auto = _run_flags(argv, "agentrl pipeline", "The recipe: SFT -> (distill) -> DPO/SimPO/IPO -> RL on "
+                                  "one train config, each stage in its own folder under --out, with the held-out "
+                                  "pass rate after every stage; --distill MODE --teacher MODEL adds distillation, "
+                                  "--updates 0 skips RL. --resume PIPELINE_DIR goes on at the first stage that did "
+                                  "not finish (RL from its newest checkpoint).",
                                   extra=PipelineFlags)
     _single_process("pipeline")
     if auto:
@@ -561,12 +583,19 @@ def cmd_pipeline(argv: Sequence[str]) -> int:
 
     from rich.table import Table
 
+    from agentrl.stages.distill import DistillStage
     from agentrl.stages.pipeline import run_pipeline
 
+    if flags.distill != "off" and cfg.teacher is None:
+        raise UsageError(f"--distill {flags.distill} distils a teacher: give --teacher MODEL")
+    if flags.stop_after_distill and flags.distill == "off":
+        raise UsageError("--stop-after-distill needs a distillation stage: --distill rejection or on-policy")
+    distill = None if flags.distill == "off" else DistillStage(flags.distill, flags.distill_updates, flags.rejection,
+                                                                flags.stop_after_distill)
     out = Path(cfg.out or f"runs/pipeline-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         result = run_pipeline(cfg.model_copy(update={"out": str(out)}), flags.dpo if flags.dpo_stage else None, out,
-                              resume=flags.resume is not None, overwrite=flags.overwrite)
+                              resume=flags.resume is not None, overwrite=flags.overwrite, distill=distill)
     except ValueError as e:  # a resumed pipeline whose stage two options differ from the recorded ones
         raise UsageError(str(e)) from None
     table = Table(title="held-out pass rate by stage")
@@ -575,6 +604,66 @@ def cmd_pipeline(argv: Sequence[str]) -> int:
     for s in result["stages"]:
         table.add_row(s["stage"], f"{s['held_out_pass_rate']:.3f}", f"{s['seconds']:.0f}")
     _console().print(table)
+    return 0
+
+
+# -- distill ----------------------------------------------------------------------------------------
+
+DISTILL_HELP = ("Distil a stronger teacher (--teacher MODEL) into the student (--model, or the tiny policy's warm "
+                "start). --mode rejection samples the teacher --rejection.k times on each of --rejection.tasks "
+                "training tasks, keeps the best episode of each task that the verifier passes, writes them to "
+                "OUT/data.jsonl and fine-tunes the student on them (the SFT stage: --sft.epochs, --sft.lr); any "
+                "tokenizer. --mode on-policy is `agentrl train --algo distill`: the student samples and each action "
+                "token's advantage is the teacher's log-prob minus the student's (the same tokenizer). "
+                "docs/distillation.md.")
+
+
+class DistillFlags(RunFlags):
+    mode: Literal["rejection", "on-policy"] = Field("rejection", description="rejection (the default: it takes a "
+                                                    "teacher with any tokenizer): SFT on the teacher's best passing "
+                                                    "episodes; on-policy: RL with the teacher's per-token log-ratio "
+                                                    "as the advantage (--algo distill, the student's tokenizer).")
+    rejection: RejectionConfig = Field(default_factory=RejectionConfig, description="--mode rejection's sampling.")
+
+
+def cmd_distill(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument("--mode")
+    p.add_argument("--algo")
+    pre = p.parse_known_args(list(argv))[0]
+    if pre.mode == "on-policy":  # the RL loop with the distill assigner: agentrl train's flags, --resume included
+        if pre.algo not in (None, "distill"):
+            raise UsageError(f"--mode on-policy trains with --algo distill, not {pre.algo}")
+        if any(a.startswith("--rejection.") for a in argv):
+            raise UsageError("--rejection.* options are for --mode rejection")
+        rest = _without_flag(_without_flag(argv, "--mode"), "--algo")
+        return cmd_train(["--algo", "distill", *rest])
+    cfg, flags, auto = _run_flags(argv, "agentrl distill", DISTILL_HELP, DistillFlags)
+    if flags.print_config:
+        print(cfg.to_yaml(), end="")
+        return 0
+    _single_process("distill --mode rejection")
+    if flags.resume is not None or auto:
+        raise UsageError("--mode rejection runs from its start (no --resume, no --algo auto)")
+    if cfg.teacher is None:
+        raise UsageError("--mode rejection samples a teacher: give --teacher MODEL (a folder, hub id or a name "
+                         "`agentrl models` fetches; any tokenizer)")
+    _check_env(cfg.env.id, cfg.env.kwargs)
+    if cfg.model is None and cfg.sft.warm_start is None:
+        _check_expert(cfg.env.id, cfg.env.kwargs)
+    _check_device(cfg.device)
+    import time
+
+    from agentrl.stages.data import DataError
+    from agentrl.stages.distill import run_rejection
+
+    out = Path(cfg.out or f"runs/distill-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        record = run_rejection(cfg, flags.rejection, out)
+    except DataError as e:
+        raise UsageError(str(e)) from None
+    if record["advice"]:
+        print(f"warning: {record['advice']}", file=sys.stderr)
     return 0
 
 
@@ -612,7 +701,7 @@ class ProbeCommand(Strict):
                           "the learning curves (minutes per assigner).")
     bakeoff_updates: int = Field(10, ge=1, description="Updates per bake-off run.")
     bakeoff_algos: list[str] | None = Field(None, description="Assigners to run in the bake-off; default all "
-                                            "registered.")
+                                            "registered that need no teacher.")
     bakeoff_eval: int = Field(32, ge=1, description="Held-out episodes per bake-off evaluation.")
 
 
@@ -686,10 +775,11 @@ def cmd_probe(argv: Sequence[str]) -> int:
 
     runs = None
     if cmd.bakeoff and cfg is not None:
-        from agentrl.algorithms import ASSIGNERS
+        from agentrl.algorithms import teacherless_assigners
         from agentrl.probe import bakeoff
 
-        runs = bakeoff(cfg, cmd.bakeoff_algos or list(ASSIGNERS), cmd.bakeoff_updates, cmd.out, cmd.bakeoff_eval)
+        runs = bakeoff(cfg, cmd.bakeoff_algos or teacherless_assigners(), cmd.bakeoff_updates, cmd.out,
+                       cmd.bakeoff_eval)
     paths = write_report(result, cmd.out, runs)
     console = _console()
     table = Table(title=f"horizon probe: {result.source}")
@@ -1018,7 +1108,8 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "train": (cmd_train, "RL on an environment (defaults: tiny policy, SFT warm start, Vault, CPU, minutes)"),
     "sft": (cmd_sft, "stage one: fine-tune on demonstrations"),
     "dpo": (cmd_dpo, "stage two: DPO / SimPO / IPO on multi-turn episodes"),
-    "pipeline": (cmd_pipeline, "SFT -> DPO -> RL with the held-out pass rate after every stage"),
+    "pipeline": (cmd_pipeline, "SFT -> (distill) -> DPO -> RL with the held-out pass rate after every stage"),
+    "distill": (cmd_distill, "distil a teacher into the student: rejection sampling + SFT, or on-policy"),
     "probe": (cmd_probe, "horizon report: measure episodes and recommend a credit assigner"),
     "check-env": (cmd_check_env, "does an environment follow the AgentEnv contract?"),
     "serve-env": (cmd_serve_env, "serve an environment as an OpenEnv server"),

@@ -28,7 +28,7 @@ from agentrl.policy import Policy
 
 
 class TeacherMismatch(ValueError):
-    """The teacher cannot serve token-level distillation of this student (another tokenizer)."""
+    """No teacher can serve token-level distillation of this student: none given, or one with another tokenizer."""
 
 
 def _few(items: list[str], n: int = 3) -> str:
@@ -74,10 +74,13 @@ def load_teacher(name: str | Path, device: str | torch.device = "cpu", tool_form
     return teacher
 
 
-def token_level_teacher(name: str | Path, student: Policy, student_name: str,
-                        device: str | torch.device = "cpu") -> Policy:
-    """The teacher for `--algo distill`: loaded frozen, and refused (`TeacherMismatch`) unless it shares the
-    student's tokenizer."""
+def token_level_teacher(name: str | Path | None, student: Policy, student_name: str,
+                        device: str | torch.device = "cpu", algo: str = "distill") -> Policy:
+    """The teacher for `--algo distill` (`algo`: the assigner that reads it): loaded frozen, and refused
+    (`TeacherMismatch`) unless it shares the student's tokenizer."""
+    if name is None:
+        raise TeacherMismatch(f"--algo {algo} scores the student's tokens under a teacher: give --teacher MODEL (a "
+                              "folder, hub id or a name `agentrl models` fetches) with the student's tokenizer")
     teacher = load_teacher(name, device=device)
     check_same_tokenizer(student.tokenizer, teacher.tokenizer, student_name, str(name))
     return teacher

@@ -59,6 +59,7 @@ from agentrl.policy import MIN_SHARED_HEAD, Policy, adamw, add_lora, shards_weig
 from agentrl.registry import make
 from agentrl.rollout import rollout
 from agentrl.store import TrajectoryStore, TurnBatch, make_batch, segment_batch, to_episodes, truncate_store
+from agentrl.teacher import token_level_teacher
 from agentrl.verify.sandbox import isolation_of
 from agentrl.workers import make_pool
 
@@ -329,6 +330,9 @@ class Trainer:
         self.trainable = [p for p in self.policy.model.parameters() if p.requires_grad]
         self.spec = get_spec(cfg.algo)
         self.assigner = self.spec.load()(cfg.credit, policy=self.policy, train_config=cfg)
+        # distillation (agentrl.teacher): a frozen teacher, scored beside the reference, for an assigner that reads one
+        self.teacher = token_level_teacher(cfg.teacher, self.policy, str(source), device, cfg.algo).model \
+            if self.spec.reads_teacher else None
         opt = adamw(self.trainable, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
         self.model, self.optimizer = self.accelerator.prepare(self.policy.model, opt)
         lo, hi = ranks.block(cfg.rollout.groups)  # this rank's groups of every update
@@ -1029,12 +1033,17 @@ class Trainer:
     def _score_step(self, update: int, episodes: list[Episode], metrics: dict[str, float],
                     ) -> tuple[TurnBatch, torch.Tensor | None]:
         """The batch with the log-probs the credit and the loss read: the reference's (once per batch: the
-        KL and the implicit PRM), the proximal policy's (decoupled PPO), the sampler's (the engine gap).
+        KL and the implicit PRM), a teacher's (distillation), the proximal policy's (decoupled PPO), the sampler's
+        (the engine gap).
         Several processes: also each row's owning rank."""
         cfg = self.cfg
         batch = make_batch(episodes, self.policy.chat.pad_id)
         owner = torch.tensor([self.owner[e.group_id] for e in episodes]) if self.ranks.world > 1 else None
         batch = batch.with_(ref_logp=self.reference_logp(batch, owner))
+        if self.teacher is not None:  # distillation: the teacher's log-probs of the same tokens, same micro-batches
+            t0 = time.perf_counter()
+            batch = batch.with_(teacher_logp=self._score(batch, self.teacher, owner))
+            metrics["time/teacher_s"] = time.perf_counter() - t0
         if cfg.rollout.max_staleness and cfg.loss.off_policy == "decoupled":
             batch = batch.with_(prox_logp=self.proximal_logp(batch))
             w = _is_weight(batch, cfg.loss.is_cap)[batch.action_mask > 0]

@@ -31,7 +31,6 @@ from agentrl.algorithms.configs import (
     DistillConfig,
     GiGPOConfig,
     GRPOConfig,
-    DistillConfig,
     StepPOConfig,
     TurnPPOConfig,
 )
