@@ -217,3 +217,26 @@ def test_the_teacher_scores_each_action_on_the_context_it_was_sampled_from(trimm
     assert torch.allclose(batch.teacher_logp[mask], batch.behaviour_logp[mask], atol=1e-4)
     assert torch.equal(batch.teacher_logp, batch.ref_logp)  # the same micro-batches as the reference
     assert metrics["time/teacher_s"] > 0
+
+
+def test_the_pipeline_distils_after_sft_and_can_stop_there(tmp_path):
+    from test_stages import PIPELINE_CFG
+
+    from agentrl.stages.distill import DistillStage
+    from agentrl.stages.pipeline import run_pipeline
+    from agentrl.stages.warm_start import warm_start
+
+    cfg = PIPELINE_CFG
+    # a teacher on the student's tokenizer: the pipeline's own warm start (cached, so stage one finds it again)
+    teacher = warm_start(cfg.env.id, cfg.env.kwargs, cfg.tiny, cfg.sft, cfg.seed, say=lambda s: None)
+    out = tmp_path / "p"
+    result = run_pipeline(cfg.model_copy(update={"teacher": str(teacher)}), None, out, say=lambda s: None,
+                          distill=DistillStage("on-policy", updates=1, stop_after=True))
+    assert [s["stage"] for s in result["stages"]] == ["sft", "distill (on-policy)"]  # no RL after it
+    row = result["stages"][1]
+    assert row["updates"] == 1 and row["teacher_kl_last"] is not None and row["teacher_seconds"] >= 0
+    assert (out / "distill" / "checkpoint" / "config.json").is_file() and not (out / "rl").exists()
+    assert json.loads((out / "pipeline.json").read_text())["distill"]["mode"] == "on-policy"
+    with pytest.raises(ValueError, match="distillation stage's options differ"):
+        run_pipeline(cfg, None, out, say=lambda s: None, resume=True,
+                     distill=DistillStage("on-policy", updates=2, stop_after=True))
