@@ -659,11 +659,9 @@ def cmd_distill(argv: Sequence[str]) -> int:
 
     out = Path(cfg.out or f"runs/distill-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
-        record = run_rejection(cfg, flags.rejection, out)
+        run_rejection(cfg, flags.rejection, out)
     except DataError as e:
         raise UsageError(str(e)) from None
-    if record["advice"]:
-        print(f"warning: {record['advice']}", file=sys.stderr)
     return 0
 
 

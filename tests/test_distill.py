@@ -9,7 +9,6 @@ import json
 
 import pytest
 import torch
-from conftest import MICRO
 from test_segments import trimming_config, trimming_model  # noqa: F401 (a fixture)
 
 from agentrl.algorithms.configs import DistillConfig
@@ -25,6 +24,7 @@ from agentrl.stages.distill import best_of_k, run_rejection, write_conversations
 from agentrl.stages.sft import collect_demos, expert_texts
 from agentrl.store import make_batch
 from agentrl.teacher import TeacherMismatch, check_same_tokenizer, tokenizer_difference
+from conftest import MICRO
 
 # -- the credit rule, by hand ---------------------------------------------------------------------------
 

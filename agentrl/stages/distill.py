@@ -5,7 +5,7 @@ Two modes, over the same store, loss and checkpoints as RL:
 
 - **rejection** (sequence level, `run_rejection`): the teacher is sampled `k` times on each of `tasks`
   training tasks (`rejection_sample`), the best episode of each task that the verifier passes is kept,
-  and the student is fine-tuned on the kept episodes by the SFT stage (`run_sft`). They travel as text
+  and the student is fine-tuned on the kept episodes by the SFT stage (`sft_on_file`). They travel as text
   (`episode_conversation`, written as `agentrl sft --data` JSONL), so the teacher may use another
   tokenizer and another tool-call format.
 - **on-policy** (token level): `agentrl train --algo distill --teacher MODEL`. The student samples, the
@@ -144,9 +144,8 @@ def student_folder(cfg: TrainConfig, say: Callable[[str], None]) -> tuple[str, T
 def run_rejection(cfg: TrainConfig, rej: RejectionConfig, out: str | Path,
                   say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """`agentrl distill --mode rejection`: sample the teacher (`cfg.teacher`), keep the best passing episode of
-    each task, write them to `out/data.jsonl`, fine-tune the student on them (`run_sft`) into `out`, and return
+    each task, write them to `out/data.jsonl`, fine-tune the student on them (`sft_on_file`) into `out`, and return
     the record written to `out/rejection.json` (counts, seconds, held-out pass rate)."""
-    from agentrl.stages.pipeline import run_sft
     from agentrl.trainer import resolve_device
 
     say = say or agentrl_log.say(__name__)
@@ -171,12 +170,36 @@ def run_rejection(cfg: TrainConfig, rej: RejectionConfig, out: str | Path,
     write_conversations(kept, data, cfg.env.id, cfg.env.kwargs, teacher.chat.tool_format.name, student_format)
     del teacher
     t1 = time.perf_counter()
-    result, advice = run_sft(sft_cfg.model_copy(update={"model": student}), out, data=str(data), say=say)
+    result, metrics = sft_on_file(sft_cfg.model_copy(update={"model": student}), data, out, say)
     record = {"teacher": cfg.teacher, "student": student, "counts": counts, "teacher_seconds": teacher_seconds,
               "sft_seconds": time.perf_counter() - t1, "held_out_pass_rate": result.pass_rate,
-              "eval_episodes": result.episodes, "advice": advice, "rejection": rej.model_dump()}
+              "eval_episodes": result.episodes, "sft": metrics, "rejection": rej.model_dump()}
     (out / "rejection.json").write_text(json.dumps(record, indent=2))
     return record
+
+
+def sft_on_file(cfg: TrainConfig, data: Path, out: Path, say: Callable[[str], None]) -> tuple[Any, dict[str, Any]]:
+    """The SFT stage on the student `cfg.model`: its action tokens' cross-entropy on the conversations in `data`
+    (laid out with the environment's system prompt and tools, as its rollouts are), `cfg.sft`'s epochs, rate
+    and batch; the student saved to `out` and evaluated on the held-out seeds. Returns (held-out result, SFT's
+    metrics)."""
+    from agentrl.stages.data import load_conversations, to_episode
+    from agentrl.stages.sft import progress_lines, sft
+    from agentrl.trainer import evaluate
+
+    policy = Policy.load(cfg.model, tool_format=cfg.tool_format)
+    env = make(cfg.env.id, **cfg.env.kwargs)
+    demos = [to_episode(c, policy.chat, group_id=n) for n, c in load_conversations(data, env.system_prompt,
+                                                                                   env.tool_schemas())]
+    lr = cfg.sft.lr_for(pretrained=True)
+    say(f"sft: {len(demos)} teacher episodes x {cfg.sft.epochs} epochs, batch {cfg.sft.batch_size}, lr {lr:g}")
+    metrics = sft(policy.model, demos, policy.chat.pad_id, epochs=cfg.sft.epochs, lr=lr,
+                  batch_size=cfg.sft.batch_size, seed=cfg.seed, log=progress_lines(say))
+    policy.save(out)
+    result = evaluate(cfg, policy, None, getattr(policy.model.config, "max_position_embeddings", 2048), say=say)
+    say(f"held-out pass rate on {cfg.env.id} {result.pass_rate:.3f} over {result.episodes} episodes; student saved "
+        f"to {out}")
+    return result, metrics
 
 
 def on_policy_config(cfg: TrainConfig, **credit: Any) -> TrainConfig:
