@@ -8,8 +8,8 @@ From the same student, four arms with the same budget of sampled episodes (updat
 three seeds each:
 
     grpo            --algo grpo: the verifier's group-relative advantage
-    rejection       agentrl distill --mode rejection: the teacher sampled k = group size times on
-                    updates x groups tasks, the best passing episode of each kept, SFT on them
+    rejection       agentrl distill --mode rejection: the teacher sampled k times (default 2) on
+                    budget / k tasks, the best passing episode of each kept, SFT on them
     on-policy       --algo distill: the teacher's log-prob minus the student's, per action token
     on-policy+grpo  --algo distill --credit.reward-weight 1: both signals
 
@@ -44,6 +44,7 @@ def base_config(student: str, teacher: str, seed: int, out: Path, args) -> Train
     return TrainConfig(env={"id": ENV}, model=student, teacher=teacher, seed=seed, updates=args.updates,
                        out=str(out), rollout={"groups": args.groups, "group_size": args.group_size},
                        eval={"episodes": args.eval_episodes, "every": 0}, checkpoint={"every": 0},
+                       optim={"lr": args.lr},
                        sft={"epochs": args.sft_epochs, "lr": args.sft_lr, "batch_size": 16})
 
 
@@ -63,7 +64,8 @@ def rl_run(cfg: TrainConfig) -> dict:
 def rejection_run(cfg: TrainConfig, args) -> dict:
     t0 = time.perf_counter()
     warm = evaluate(cfg, Policy.load(cfg.model), None, 1024)  # what a Trainer of this seed evaluates at step 0
-    rec = run_rejection(cfg, RejectionConfig(tasks=args.updates * args.groups, k=args.group_size), cfg.out,
+    episodes = args.updates * args.groups * args.group_size  # the RL arms' sampled episodes: the same budget
+    rec = run_rejection(cfg, RejectionConfig(tasks=episodes // args.rejection_k, k=args.rejection_k), cfg.out,
                         say=lambda s: print(s, flush=True))
     return {"warm_start_pass_rate": warm.pass_rate, "final_pass_rate": rec["held_out_pass_rate"],
             "seconds": round(time.perf_counter() - t0, 1), "teacher_seconds": round(rec["teacher_seconds"], 1),
@@ -78,8 +80,11 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--arms", nargs="+", default=ARMS, choices=ARMS)
     ap.add_argument("--eval-episodes", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=2e-4, help="the RL arms' learning rate (agentrl train's default)")
     ap.add_argument("--student-episodes", type=int, default=2000, help="the student's demonstrations")
     ap.add_argument("--student-epochs", type=int, default=2, help="the student's SFT epochs")
+    ap.add_argument("--rejection-k", type=int, default=2, help="rejection arm: teacher samples per task (best-of-k); "
+                    "the tasks are the budget's episodes / k")
     ap.add_argument("--sft-epochs", type=int, default=2, help="rejection arm: SFT epochs on the kept episodes")
     ap.add_argument("--sft-lr", type=float, default=1e-3, help="rejection arm: SFT's peak rate on the kept episodes")
     ap.add_argument("--out", help="folder for the runs (default: a temporary one)")
