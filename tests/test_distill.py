@@ -134,6 +134,8 @@ def test_the_command_line_refuses_distill_without_a_teacher(tmp_path, capsys):
     assert "give --teacher MODEL" in capsys.readouterr().err
     assert main(["pipeline", "--distill", "on-policy", "--out", str(tmp_path / "p")]) == 2
     assert "give --teacher MODEL" in capsys.readouterr().err
+    assert main(["distill", "--mode", "on-policy", "--algo", "grpo", "--teacher", "t/"]) == 2
+    assert "--mode on-policy trains with --algo distill, not grpo" in capsys.readouterr().err
 
 
 # -- rejection sampling ---------------------------------------------------------------------------------
