@@ -416,9 +416,10 @@ def cmd_train(argv: Sequence[str]) -> int:
             raise UsageError(f"--num-processes {flags.num_processes}: rollout.groups is {cfg.rollout.groups}; each "
                              "process rolls out whole groups, so give it at least one group per process")
         return _launch(flags.num_processes, ["train", *_without_flag(argv, "--num-processes")])
+    from agentrl.evaluation import resolve_device
+    from agentrl.run_folder import ResumeUnsupported
     from agentrl.stages.pipeline import train
     from agentrl.teacher import TeacherMismatch
-    from agentrl.trainer import ResumeUnsupported, resolve_device
 
     decisions: dict[str, Any] = {}
     if auto and launched():  # the main process probes, and every rank trains what it picked

@@ -157,7 +157,7 @@ def add_lora(model: torch.nn.Module, settings: Any) -> torch.nn.Module:
 
 def adamw(params: Iterable[torch.nn.Parameter], lr: float, weight_decay: float = 0.0) -> torch.optim.AdamW:
     """AdamW, fused where torch has a fused kernel for the parameters' device (CPU and CUDA since torch 2.4): one
-    kernel over every tensor instead of a loop of small ones, 7x faster on a 135M-parameter model's CPU step."""
+    kernel over every tensor instead of a loop of small ones, the step's main cost on CPU (docs/benchmarks.md)."""
     params = list(params)
     try:
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)

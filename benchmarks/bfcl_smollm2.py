@@ -24,8 +24,6 @@ action and observation, cut short.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import resource
 import sys
@@ -36,7 +34,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_runs import machine  # noqa: E402
+from benchlib import parser, report  # noqa: E402
 
 from agentrl.config import SamplingConfig  # noqa: E402
 from agentrl.core import Episode  # noqa: E402
@@ -145,8 +143,7 @@ def pass_rate(rows: list[dict[str, Any]]) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help=f"entry {QUICK_ENTRIES} only (a few minutes)")
+    p = parser(__doc__, quick=f"entry {QUICK_ENTRIES} only (a few minutes)")
     p.add_argument("--entries", default=None, help="comma-separated base entry indices (default: the six "
                    "shortest under functions=path)")
     p.add_argument("--max-new-tokens", type=int, default=160, help="per turn; a call is 25-60 SmolLM2 tokens, "
@@ -157,7 +154,6 @@ def main() -> None:
     p.add_argument("--json", default=None, help="default: benchmarks/results/bfcl_smollm2[_quick].json")
     a = p.parse_args()
     entries = ([int(x) for x in a.entries.split(",")] if a.entries else QUICK_ENTRIES if a.quick else ENTRIES)
-    out = Path(a.json or REPO / "benchmarks" / "results" / f"bfcl_smollm2{'_quick' if a.quick else ''}.json")
     torch.set_num_threads(a.threads)
     t0 = time.perf_counter()
     load_before = os.getloadavg()[0]
@@ -186,11 +182,9 @@ def main() -> None:
         "smollm2": model, "expert": {"rows": expert, "seconds": round(expert_s, 2)},
         "load_seconds": round(load_s, 1), "total_seconds": round(time.perf_counter() - t0, 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-        "command": "python " + " ".join([os.path.relpath(__file__, REPO), *sys.argv[1:]]), "threads": a.threads,
-        "machine": machine(), "load_before": round(load_before, 2),
+        "threads": a.threads, "load_before": round(load_before, 2),
     }
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result))
+    report("bfcl_smollm2", result, a.quick, path=a.json)  # adds the machine and the command
 
 
 if __name__ == "__main__":

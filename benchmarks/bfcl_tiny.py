@@ -15,20 +15,20 @@ pass rate over the warm start's.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from train_runs import machine, train  # noqa: E402
+from benchlib import parser, report  # noqa: E402
+from train_runs import train  # noqa: E402
 
 ENTRIES = [144, 91, 100, 115]  # base entries with the shortest prompts under functions=path (1,359-1,900 chars)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__)
     p.add_argument("--updates", type=int, default=4)
     p.add_argument("--eval-episodes", type=int, default=16)
     p.add_argument("--sft-episodes", type=int, default=160)
@@ -51,10 +51,8 @@ def main() -> None:
     result = {"benchmark": "bfcl_tiny", "env": "agentrl/BFCL-v0 (base, functions=path)", "entries": ENTRIES,
               "baseline": "the SFT warm start, evaluated in the same run", "warm_start_pass_rate": warm,
               "final_pass_rate": final, "ratio": round(final / warm, 3) if warm else None,
-              "updates": args.updates, "eval_episodes": args.eval_episodes, "per_update": per_update, "run": run,
-              "machine": machine()}
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result))
+              "updates": args.updates, "eval_episodes": args.eval_episodes, "per_update": per_update, "run": run}
+    report("bfcl_tiny", result, path=args.out)  # adds the machine and the command
 
 
 if __name__ == "__main__":

@@ -20,14 +20,16 @@ benchmarks/results/code_rollout.json (`code_rollout_fork_server_off.json` for `-
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # per-file bars for a few-MB model are noise here
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import parser, report  # noqa: E402
 
 from agentrl.engines import ScriptedEngine  # noqa: E402
 from agentrl.policy import ChatFormat, Policy, TinyModelConfig, build_tiny_policy  # noqa: E402
@@ -56,14 +58,13 @@ def run(chat: ChatFormat, seeds: list[int], workers: str, noise: float,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, quick="16 episodes, 1 repeat")
     ap.add_argument("--episodes", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--noise", type=float, default=0.5, help="the expert's slip rate (mixes test runs and retries)")
     ap.add_argument("--workers", default="thread:64", help="the concurrent arm's rollout.env_workers")
     ap.add_argument("--fork-server", choices=["on", "off"], default="on",
                     help="the sandbox's fork server (off: every run starts fresh interpreters, as before it)")
-    ap.add_argument("--quick", action="store_true", help="16 episodes, 1 repeat")
     ap.add_argument("--out", default="/tmp/agentrl-bench-code-rollout")
     args = ap.parse_args()
     if args.quick:
@@ -113,10 +114,8 @@ def main() -> None:
           f"({1000 * s_children / turns:.0f} ms a turn)")
     print(f"concurrent arm CPU: {own:.2f} s in the rollout process, {children:.2f} s in sandbox processes "
           f"({1000 * children / turns:.0f} ms a turn); {cores} cores allow at most {bound:.2f}x")
-    name = "code_rollout.json" if args.fork_server == "on" else "code_rollout_fork_server_off.json"
-    Path(__file__).parent.joinpath("results").mkdir(exist_ok=True)
-    Path(__file__).parent.joinpath("results", name).write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result))
+    # the A/B's other arm has a file of its own; a quick run goes beside either, never over it
+    report("code_rollout" if args.fork_server == "on" else "code_rollout_fork_server_off", result, args.quick)
 
 
 if __name__ == "__main__":

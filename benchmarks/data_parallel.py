@@ -12,22 +12,22 @@ same number of episodes, which must stay within the seeds' spread.
 
 The tiny policy is overhead-bound (Python per generated token, per env call), which one thread per
 process spends in parallel and two threads in one process cannot. Last line: one JSON object,
-`ratio` = the seeds' mean episodes/s with two processes over one; also benchmarks/results/data_parallel.json.
+`ratio` = the seeds' mean episodes/s with two processes over one; also benchmarks/results/data_parallel.json
+(a quick run: data_parallel_quick.json).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from train_runs import machine, spread, train
-
-RESULTS = Path(__file__).parent / "results" / "data_parallel.json"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import parser, report  # noqa: E402
+from train_runs import spread, train  # noqa: E402
 
 
 def run(out: Path, processes: int, a: argparse.Namespace, seed: int) -> dict:
@@ -37,8 +37,7 @@ def run(out: Path, processes: int, a: argparse.Namespace, seed: int) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="10 updates, one seed, 64 held-out episodes")
+    p = parser(__doc__, quick="10 updates, one seed, 64 held-out episodes")
     p.add_argument("--seeds", type=int, nargs="+", default=None)
     p.add_argument("--updates", type=int, default=None)
     p.add_argument("--eval-episodes", type=int, default=None)
@@ -77,13 +76,10 @@ def main() -> None:
         "final_pass_rate_one": final1, "final_pass_rate_two": final2,
         "final_mean_one": round(statistics.mean(final1), 4), "final_mean_two": round(statistics.mean(final2), 4),
         "seed_spread_one": spread1, "runs": results,
-        "machine": {**machine(), "loadavg_1min_before": round(load_before, 2)},
-        "command": " ".join(["python", "benchmarks/data_parallel.py", *sys.argv[1:]]),
+        "machine": {"loadavg_1min_before": round(load_before, 2)},
         "ratio": round(ratio, 3),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(figures, indent=1) + "\n")
-    print(json.dumps(figures))
+    report("data_parallel", figures, a.quick)  # adds the rest of the machine and the command
 
 
 if __name__ == "__main__":

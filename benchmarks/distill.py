@@ -31,10 +31,11 @@ from pathlib import Path
 from benchlib import parser, report
 
 from agentrl.config import RejectionConfig, SFTConfig, TrainConfig
+from agentrl.evaluation import evaluate
 from agentrl.policy import Policy
 from agentrl.stages.distill import on_policy_config, run_rejection
 from agentrl.stages.warm_start import warm_start
-from agentrl.trainer import Trainer, evaluate
+from agentrl.trainer import Trainer
 
 ENV = "agentrl/Vault-v0"
 ARMS = ["grpo", "rejection", "on-policy", "on-policy+grpo"]

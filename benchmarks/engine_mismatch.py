@@ -17,7 +17,8 @@ A bf16 engine on a CPU without native bf16 matrix units is several times slower 
 policy's run here: ~5x); it exists to show the gap, not for speed.
 
 Last line: one JSON object; `ratio` = the bf16 engine's mean k3 KL / the fp32 engine's (how many times the gap
-grows; null when fp32 measures exactly 0). Also benchmarks/results/engine_mismatch.json.
+grows; null when fp32 measures exactly 0). Also benchmarks/results/engine_mismatch.json (a quick run:
+engine_mismatch_quick.json).
 """
 
 from __future__ import annotations
@@ -26,21 +27,21 @@ import argparse
 import io
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from benchlib import parser, report, save
 from rich.console import Console
-from train_runs import machine, spread
+from train_runs import spread
 
 from agentrl.config import TrainConfig
+from agentrl.evaluation import evaluate
 from agentrl.monitor import Monitor
 from agentrl.policy import Policy
-from agentrl.trainer import Trainer, evaluate
+from agentrl.trainer import Trainer
 
-RESULTS = Path(__file__).parent / "results" / "engine_mismatch.json"
 # arm -> (rollout.dtype, loss.mismatch)
 ARMS = {"fp32": ("auto", "none"), "bf16": ("bf16", "none"), "bf16+token-tis": ("bf16", "token-tis"),
         "bf16+seq-tis": ("bf16", "seq-tis"), "bf16+token-mask": ("bf16", "token-mask"),
@@ -65,15 +66,15 @@ def run(out: Path, start: Path, seed: int, dtype: str, mismatch: str, updates: i
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="one seed, 3 updates, 32 held-out episodes")
+    p = parser(__doc__, quick="one seed, 3 updates, 32 held-out episodes")
     p.add_argument("--seeds", type=int, nargs="+", default=None)
     p.add_argument("--updates", type=int, default=None)
     p.add_argument("--eval-episodes", type=int, default=None)
     p.add_argument("--warm-seed", type=int, default=1, help="the SFT seed of the one warm start all arms share")
     p.add_argument("--start", type=Path, default=None, help="a warm-start folder to use instead of building one")
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
-    p.add_argument("--out", type=Path, default=None, help=f"the JSON (default {RESULTS.name} in results/)")
+    p.add_argument("--out", type=Path, default=None, help="the JSON (default engine_mismatch[_quick].json in "
+                   "results/)")
     p.add_argument("--threads", type=int, default=2, help="torch threads; several single-threaded processes, one "
                    "per seed, do more work on 2 cores than one (the tiny model's forwards are too small for two)")
     p.add_argument("--merge", type=Path, nargs="+", default=None, help="JSONs of earlier runs (e.g. one per seed) "
@@ -103,7 +104,8 @@ def main() -> None:
                 dtype, mismatch = ARMS[arm]
                 r = run(Path(tmp) / f"{arm}-s{seed}", start, seed, dtype, mismatch, updates, episodes, warm[dtype])
                 runs[arm].append(r)
-                write(summarize(runs), runs, a, seeds, updates, episodes, partial=True)
+                save("engine_mismatch", figures(summarize(runs), runs, a, seeds, updates, episodes, partial=True),
+                     a.quick, a.out)  # after every run: a killed sweep keeps what it ran
                 print(f"seed {seed}  {arm:<16} kl_k3 {r.get('mismatch_kl_k3', float('nan')):.2e}  ess "
                       f"{r.get('mismatch_ess', float('nan')):.4f}  held-out {r['warm_start_pass_rate']:.3f} -> "
                       f"{r['final_pass_rate']:.3f}  ({r['wall_s']:.0f}s)", flush=True)
@@ -111,7 +113,7 @@ def main() -> None:
     for arm, row in summary.items():
         print(f"{arm:<16} final {row['final_pass_rate']} (mean {row['final_mean']:.3f})  kl_k3 "
               f"{row.get('mismatch_kl_k3', float('nan')):.2e}")
-    print(json.dumps(write(summary, runs, a, seeds, updates, episodes, partial=False)))
+    report("engine_mismatch", figures(summary, runs, a, seeds, updates, episodes, partial=False), a.quick, a.out)
 
 
 def merge(a: argparse.Namespace) -> None:
@@ -125,12 +127,11 @@ def merge(a: argparse.Namespace) -> None:
             runs[arm] += rs
     seeds = sorted({r["seed"] for rs in runs.values() for r in rs})
     a.quick, a.warm_seed = any(d["quick"] for d in parts), parts[0]["warm_start_seed"]
-    figures = write(summarize(runs), runs, a, seeds, parts[0]["updates"], parts[0]["eval_episodes"],
-                    partial=any(d["partial"] for d in parts))
-    figures["merged_from"] = [{"file": f.name, "command": d["command"], "machine": d["machine"]}
-                              for f, d in zip(a.merge, parts, strict=True)]
-    (a.out or RESULTS).write_text(json.dumps(figures, indent=1) + "\n")
-    print(json.dumps(figures))
+    joined = figures(summarize(runs), runs, a, seeds, parts[0]["updates"], parts[0]["eval_episodes"],
+                     partial=any(d["partial"] for d in parts))
+    joined["merged_from"] = [{"file": f.name, "command": d["command"], "machine": d["machine"]}
+                             for f, d in zip(a.merge, parts, strict=True)]
+    report("engine_mismatch", joined, a.quick, a.out)
 
 
 def summarize(runs: dict[str, list[dict]]) -> dict:
@@ -145,20 +146,14 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
     return summary
 
 
-def write(summary: dict, runs: dict, a, seeds: list[int], updates: int, episodes: int, partial: bool) -> dict:
-    """The JSON, rewritten after every run (`partial` true until the last), so a killed sweep keeps what it ran."""
+def figures(summary: dict, runs: dict, a, seeds: list[int], updates: int, episodes: int, partial: bool) -> dict:
+    """The JSON's figures (`partial` true until the last run); benchlib adds the machine and the command."""
     fp32 = summary.get("fp32", {}).get("mismatch_kl_k3", 0.0)
     bf16 = summary.get("bf16", {}).get("mismatch_kl_k3", 0.0)
     ratio = round(bf16 / fp32, 1) if fp32 > 0 else None  # None: fp32 measured exactly 0 on every update
-    figures = {"benchmark": "engine_mismatch", "quick": a.quick, "partial": partial, "updates": updates,
-               "seeds": seeds, "warm_start_seed": a.warm_seed, "eval_episodes": episodes, "arms": summary,
-               "runs": {arm: rs for arm, rs in runs.items() if rs}, "machine": machine(),
-               "command": " ".join(["python", "benchmarks/engine_mismatch.py", *sys.argv[1:]]),
-               "ratio": ratio}
-    out = a.out or RESULTS
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(figures, indent=1) + "\n")
-    return figures
+    return {"benchmark": "engine_mismatch", "quick": a.quick, "partial": partial, "updates": updates,
+            "seeds": seeds, "warm_start_seed": a.warm_seed, "eval_episodes": episodes, "arms": summary,
+            "runs": {arm: rs for arm, rs in runs.items() if rs}, "ratio": ratio}
 
 
 if __name__ == "__main__":

@@ -28,13 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import parser, report  # noqa: E402
 
 from agentrl.config import TrainConfig  # noqa: E402
+from agentrl.evaluation import make_engine  # noqa: E402
 from agentrl.mismatch import stats as mismatch_stats  # noqa: E402
 from agentrl.models import resolve  # noqa: E402
 from agentrl.policy import Policy, token_stats  # noqa: E402
 from agentrl.registry import make  # noqa: E402
 from agentrl.rollout import rollout  # noqa: E402
 from agentrl.store import make_batch  # noqa: E402
-from agentrl.trainer import make_engine  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m-instruct"

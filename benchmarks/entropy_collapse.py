@@ -10,7 +10,8 @@
 
 Both start from the same cached warm start, run with `--health.on-alarm warn` (they are only watched),
 and keep their folders and reports (`<out>/<name>/report.html`). Success: ENTROPY COLLAPSE is
-flagged in the first run and not in the second. The last line printed is one JSON object; its
+flagged in the first run and not in the second. The last line printed is one JSON object (also written to
+`<out>/result.json`); its
 `ratio` is the collapse run's final entropy as a fraction of its early level, divided by the
 same fraction in the healthy run (below 1: the collapse run lost more of its entropy).
 """
@@ -22,6 +23,8 @@ import json
 import time
 from pathlib import Path
 from typing import Any
+
+from benchlib import parser, report
 
 from agentrl.config import TrainConfig
 from agentrl.health import ENTROPY_COLLAPSE, early_level, series
@@ -74,7 +77,7 @@ def figures(name: str, run: Path, summary: dict[str, Any], baseline_steps: int) 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--updates", type=int, default=30)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-episodes", type=int, default=64)
@@ -105,8 +108,7 @@ def main() -> None:
         "healthy": h,
         "wall_s": round(time.perf_counter() - t0, 1),
     }
-    (args.out / "result.json").write_text(json.dumps(out, indent=2))
-    print(json.dumps(out))
+    report("entropy_collapse", out, path=args.out / "result.json")  # adds the machine and the command
 
 
 if __name__ == "__main__":

@@ -402,32 +402,33 @@ def train_step(ck: Check, model: str) -> dict[str, Any]:
         if ck.bf16 and autocast_dtype != torch.bfloat16:
             raise RuntimeError(f"bf16 autocast did not engage: a matmul under the trainer's autocast gave "
                                f"{autocast_dtype}")
-        before = [p.detach().to("cpu", copy=True) for p in trainer.trainable]  # exact: AdamW's first step is +-lr
+        trainable = trainer.learner.trainable
+        before = [p.detach().to("cpu", copy=True) for p in trainable]  # exact: AdamW's first step is +-lr
         if ck.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
         t1 = time.perf_counter()
-        episodes, metrics = trainer.collect(1)
+        episodes, metrics = trainer.collector.collect(1)
         sync(ck.device)
         t2 = time.perf_counter()
         batch = make_batch(episodes, trainer.policy.chat.pad_id)
-        batch = batch.with_(ref_logp=trainer.reference_logp(batch))
+        batch = batch.with_(ref_logp=trainer.learner.reference_logp(batch))
         credit = trainer.assigner.assign(batch, trainer.assigner.fit(batch))
-        stats = trainer.optimize(batch, credit)
+        stats = trainer.learner.optimize(batch, credit)
         sync(ck.device)
         t3 = time.perf_counter()
-        moved = sum(not torch.equal(b, p.detach().cpu()) for b, p in zip(before, trainer.trainable))
+        moved = sum(not torch.equal(b, p.detach().cpu()) for b, p in zip(before, trainable))
         figures = {"mixed_precision": trainer.accelerator.mixed_precision, "autocast_dtype": str(autocast_dtype),
                    "setup_s": round(setup_s, 2), "rollout_s": round(t2 - t1, 3), "score_and_step_s": round(t3 - t2, 3),
                    "rollout_tokens_per_s": round(metrics["rollout/tokens_per_s"], 1),
                    "loss": stats.get("train/loss"), "grad_norm": stats.get("train/grad_norm"),
                    "train_tokens_per_s": round(stats.get("train/tokens_per_s", 0.0), 1),
-                   "params_moved": moved, "params": len(trainer.trainable), **peak_mb(ck.device)}
+                   "params_moved": moved, "params": len(trainable), **peak_mb(ck.device)}
         if stats.get("train/skipped"):
             raise RuntimeError("no group carried signal: the update was skipped")
         if not (figures["loss"] is not None and math.isfinite(figures["loss"])):
             raise RuntimeError(f"the loss is not finite: {figures['loss']}")
-        if moved != len(trainer.trainable):
-            raise RuntimeError(f"{len(trainer.trainable) - moved} of {len(trainer.trainable)} trainable parameters "
+        if moved != len(trainable):
+            raise RuntimeError(f"{len(trainable) - moved} of {len(trainable)} trainable parameters "
                                "did not move")
         return figures
     finally:

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from benchlib import announce, parser, save
 
 from agentrl.algorithms import teacherless_assigners, turn_level_assigners
 
@@ -148,7 +149,7 @@ def smooth(xs: list[float], k: int = 3) -> list[float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--family", choices=sorted(FAMILIES), default="vault", help="the task family (default vault)")
     ap.add_argument("--horizons", "--locks", "--disks", "--quest-length", "--size", dest="horizons", type=int,
                     nargs="+", default=None, help="the horizon knob's values (vault: locks, turns ~ 2 * locks + "
@@ -187,8 +188,9 @@ def main() -> None:
     if args.from_json:
         results = json.loads(Path(args.from_json).read_text())
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        return finish(results, [a for a in ALGOS if any(r["algo"] == a for h in results["horizons"].values()
-                                                        for r in h["runs"].values())], Path(args.out))
+        # a redrawing writes the table and the plot, never a sweep: its figures are the finished sweep's
+        return announce("horizon_sweep", finish(results, [a for a in ALGOS if any(
+            r["algo"] == a for h in results["horizons"].values() for r in h["runs"].values())], Path(args.out)))
     if args.jobs > 1 and len(args.horizons) > 1:
         return run_parallel(args)
 
@@ -201,10 +203,11 @@ def main() -> None:
 
     import agentrl.adapters.textarena_games  # noqa: F401  (registers the TA- ids)
     from agentrl.config import TrainConfig
+    from agentrl.evaluation import evaluate
     from agentrl.monitor import Monitor
     from agentrl.policy import Policy, TinyModelConfig
     from agentrl.stages.warm_start import warm_start
-    from agentrl.trainer import Trainer, evaluate
+    from agentrl.trainer import Trainer
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -278,8 +281,8 @@ def main() -> None:
         (out / "sweep.json").write_text(json.dumps(results, indent=1))
     results["wall_s"] = time.perf_counter() - t_start
     results["loadavg"] = os.getloadavg()
-    (out / "sweep.json").write_text(json.dumps(results, indent=1))
-    finish(results, args.algos, out)
+    save("horizon_sweep", results, path=out / "sweep.json")  # the sweep first: a failing plot leaves it whole
+    announce("horizon_sweep", finish(results, args.algos, out))
 
 
 def run_parallel(args: argparse.Namespace) -> None:
@@ -313,8 +316,8 @@ def run_parallel(args: argparse.Namespace) -> None:
                "knob": family.knob, "args": {k: v for k, v in vars(args).items() if v is not None}, "workers": bins,
                "horizons": {str(k): horizons[str(k)] for k in sorted(map(int, horizons))},
                "wall_s": time.perf_counter() - t_start, "loadavg": os.getloadavg()}
-    (out / "sweep.json").write_text(json.dumps(results, indent=1))
-    finish(results, args.algos, out)
+    save("horizon_sweep", results, path=out / "sweep.json")  # the sweep first: a failing plot leaves it whole
+    announce("horizon_sweep", finish(results, args.algos, out))
 
 
 def knob_of(results: dict) -> str:
@@ -322,7 +325,8 @@ def knob_of(results: dict) -> str:
     return results.get("knob", "locks")
 
 
-def finish(results: dict, algos: list[str], out: Path) -> None:
+def finish(results: dict, algos: list[str], out: Path) -> dict[str, Any]:
+    """Write the table and the plot beside the sweep and print the table; returns the figures of the last line."""
     args_locks = [int(k) for k in results["horizons"]]
     table = write_table(results, algos, out)
     plot(results, algos, out)
@@ -340,15 +344,15 @@ def finish(results: dict, algos: list[str], out: Path) -> None:
     best_sum = sum(max(m[a] for a in m if a in TURN_LEVEL) for m in per_h if any(a in TURN_LEVEL for a in m))
     grpo_sum = sum(m["grpo"] for m in per_h if "grpo" in m)
     ratio = round(best_sum / grpo_sum, 3) if grpo_sum else None
-    print(json.dumps({"benchmark": "horizon_sweep", "family": results.get("family", "vault"),
-                      "wall_s": round(results.get("wall_s", float("nan"))),
-                      "horizons": len(results["horizons"]),
-                      f"longest_{knob_of(results)}": max(args_locks),
-                      "grpo_final": None if grpo is None else round(grpo, 3),
-                      "best_turn_level": best,
-                      "best_turn_level_final": round(turn_level.get(best, float("nan")), 3),
-                      "difference": None if grpo is None else round(turn_level.get(best, float("nan")) - grpo, 3),
-                      "ratio": ratio}))
+    return {"family": results.get("family", "vault"),
+            "wall_s": round(results.get("wall_s", float("nan"))),
+            "horizons": len(results["horizons"]),
+            f"longest_{knob_of(results)}": max(args_locks),
+            "grpo_final": None if grpo is None else round(grpo, 3),
+            "best_turn_level": best,
+            "best_turn_level_final": round(turn_level.get(best, float("nan")), 3),
+            "difference": None if grpo is None else round(turn_level.get(best, float("nan")) - grpo, 3),
+            "ratio": ratio}
 
 
 def write_table(results: dict, algos: list[str], out: Path) -> str:

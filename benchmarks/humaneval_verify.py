@@ -6,16 +6,17 @@ Runs all 164 canonical solutions serially (a pool of one: the baseline) and then
 `SandboxPool` of `--workers` threads, in the same process, after a warm-up. Every canonical
 solution must score 1.0 (and, with ``--nulls``, ``pass`` / ``return None`` / an empty body must
 score 0.0 on every task), or the script exits non-zero. Prints tasks/second for both, their ratio,
-and, as its last line, one JSON object with the figures.
+and, as its last line, one JSON object with the figures (also written to
+benchmarks/results/humaneval_verify.json).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
+
+from benchlib import parser, report
 
 from agentrl.verify.code import NULL_SOLUTIONS, CodeVerifier, humaneval_tasks
 from agentrl.verify.sandbox import LocalSandbox
@@ -28,7 +29,7 @@ def timed(verifier: CodeVerifier, tasks: list, answers: list, workers: int) -> t
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--workers", type=int, default=4, help="pool threads (process start-up is partly I/O, so a little "
                     "above the core count helps)")
     ap.add_argument("--nulls", action="store_true", help="also check that the three null solutions score 0.0 on every "
@@ -62,14 +63,14 @@ def main() -> int:
           + (f"; null solutions max score: {null_max}" if args.nulls else ""))
     for tid, reason in failures[:10]:
         print(f"  FAILED {tid}: {reason}")
-    print(json.dumps({
-        "benchmark": "humaneval_verify", "tasks": n, "cores": os.cpu_count(), "workers": args.workers,
+    report("humaneval_verify", {
+        "tasks": n, "cores": os.cpu_count(), "workers": args.workers,
         "serial_seconds": round(serial_s, 3), "pool_seconds": round(pool_s, 3),
         "serial_tasks_per_s": round(n / serial_s, 2), "pool_tasks_per_s": round(n / pool_s, 2),
         "ratio": round(ratio, 3),
         "canonical_all_pass": not failures, "null_max_score": null_max,
         "isolation_complete": sandbox.isolation.complete,
-    }))
+    })
     return 0 if not failures and (null_max in (None, 0.0)) else 1
 
 

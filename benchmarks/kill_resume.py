@@ -55,7 +55,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import parser, report, save  # noqa: E402
+
 PHASE_LOG = "AGENTRL_PHASE_LOG"  # agentrl/trainer.py
 ENV = {**os.environ, "COLUMNS": "400"}  # the console's lines unwrapped, so that the resume's can be read
 
@@ -314,8 +316,7 @@ def stratified(n: int, rng: random.Random) -> list[float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="3 kills (1 during a write) of a 4-update run, no arrival")
+    ap = parser(__doc__, quick="3 kills (1 during a write) of a 4-update run, no arrival")
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--write-kills", type=int, default=4, help="of --kills, how many during a checkpoint write")
     ap.add_argument("--arrival", type=int, default=3, help="kills under the default workers and arrival schedule")
@@ -368,7 +369,6 @@ def main() -> None:
         plans += [{"kind": "timed", "fraction": f} for f in stratified(a.kills - a.write_kills, rng)]
         rng.shuffle(plans)
         runs: list[dict[str, object]] = []
-        path = RESULTS / ("kill_resume_quick.json" if a.quick else "kill_resume.json")
 
         def result(complete: bool, arrival: dict | None = None) -> dict[str, object]:
             matching = sum(r["match"] for r in runs)
@@ -394,8 +394,6 @@ def main() -> None:
             }
             if arrival is not None:
                 out["arrival"] = arrival
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(out, indent=2) + "\n")  # after every run: a long run's figures survive it
             return out
 
         for i, plan in enumerate(plans):
@@ -403,7 +401,7 @@ def main() -> None:
             entry = cut_run(i, out, a, plan, Timing(timing, t_ck), rng)
             entry.update(compare(work / "ref", out, a.updates))
             runs.append(entry)
-            result(False)
+            save("kill_resume", result(False), a.quick)  # after every run: a long run's figures survive it
             print(f"run {i}: SIGKILL at {entry['kill_at_s']:.2f}s ({entry['kind']}, phase {entry['phase']} of update "
                   f"{entry['phase_update']}{', during the write' if entry['during_checkpoint_write'] else ''}), "
                   f"resumed from update {entry['resumed_from_update']}: "
@@ -411,21 +409,22 @@ def main() -> None:
             shutil.rmtree(out, ignore_errors=True)
         arrival = None
         if a.arrival:
-            result(True)
+            save("kill_resume", result(True), a.quick)
             try:
                 arrival = arrival_runs(work, a, rng)
             except Exception as e:  # noqa: BLE001 (the serial figures above stand; say why this part has none)
                 arrival = {"error": f"{type(e).__name__}: {e}"}
                 print(f"arrival: failed: {arrival['error']}", flush=True)
         matching = sum(r["match"] for r in runs)
-        result = result(True, arrival)
+        final = result(True, arrival)
         print(f"{matching}/{len(runs)} resumed runs match the uninterrupted one bit for bit; "
-              f"{result['kills_live']} kills of a live process, {result['kills_after_first_checkpoint']} after the "
-              f"first checkpoint, {result['kills_during_checkpoint_write']} during a checkpoint write; phases "
-              f"{result['kills_by_phase']}; checkpoint {ckpt_s:.3f}s each, {ckpt_n} in a "
-              f"{ref.t_exit - ref.t0:.0f}s run; load average {result['load_average_end'][1]:.1f}")
-        print(json.dumps({k: v for k, v in result.items() if k not in ("runs", "arrival")}
-                         | ({"arrival": {k: v for k, v in arrival.items() if k != "runs"}} if arrival else {})))
+              f"{final['kills_live']} kills of a live process, {final['kills_after_first_checkpoint']} after the "
+              f"first checkpoint, {final['kills_during_checkpoint_write']} during a checkpoint write; phases "
+              f"{final['kills_by_phase']}; checkpoint {ckpt_s:.3f}s each, {ckpt_n} in a "
+              f"{ref.t_exit - ref.t0:.0f}s run; load average {final['load_average_end'][1]:.1f}")
+        report("kill_resume", final, a.quick,
+               summary={k: v for k, v in final.items() if k not in ("runs", "arrival")}
+               | ({"arrival": {k: v for k, v in arrival.items() if k != "runs"}} if arrival else {}))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

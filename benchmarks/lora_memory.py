@@ -10,7 +10,8 @@ batch on Vault and runs `--updates` optimizer updates on it, and reports two fig
   the gradients and AdamW's two moments, counted from the live tensors after the last update;
 - peak resident memory of the process (VmHWM), which also counts activations, the KV cache of the
   rollouts and the Python runtime.
-Baseline: full fine-tuning, measured in the same run. `ratio` is full / LoRA peak resident memory.
+Baseline: full fine-tuning, measured in the same run. `ratio` is full / LoRA peak resident memory. Last line:
+one JSON object, also written to benchmarks/results/lora_memory.json.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import parser, report  # noqa: E402
 
 
 def _bytes(tensors) -> int:
@@ -58,23 +62,23 @@ def worker(args: argparse.Namespace) -> None:
     trainer = Trainer(cfg, monitor=Monitor(Path(cfg.out), total=cfg.updates, console=Console(quiet=True)))
     # an untrained model fails every episode (no advantage, no update): the update here uses the
     # rollout batch with random advantages, which is the same work for the optimizer
-    episodes, _ = trainer.collect(1)
+    episodes, _ = trainer.collector.collect(1)
     batch = make_batch(episodes, trainer.policy.chat.pad_id)
-    batch = batch.with_(ref_logp=trainer.reference_logp(batch))
+    batch = batch.with_(ref_logp=trainer.learner.reference_logp(batch))
     gen = torch.Generator().manual_seed(0)
     credit = Credit(torch.randn(batch.action_mask.shape, generator=gen) * batch.action_mask, torch.ones(batch.size))
     for _ in range(args.updates):
-        trainer.optimize(batch, credit)
+        trainer.learner.optimize(batch, credit)
     model = trainer.policy.model
-    inner = getattr(trainer.optimizer, "optimizer", trainer.optimizer)  # accelerate wraps it
+    inner = getattr(trainer.learner.optimizer, "optimizer", trainer.learner.optimizer)  # accelerate wraps it
     counted = {
         "weights": _bytes(p for n, p in model.named_parameters() if "lora_" not in n),
         "adapters": _bytes(p for n, p in model.named_parameters() if "lora_" in n),
-        "reference": _bytes(trainer.reference.parameters()) if trainer.reference is not None else 0,
-        "grads": _bytes(trainer.trainable),  # freed after each step; the next backward needs them again
+        "reference": _bytes(trainer.learner.reference.parameters()) if trainer.learner.reference is not None else 0,
+        "grads": _bytes(trainer.learner.trainable),  # freed after each step; the next backward needs them again
         "moments": _bytes(t for st in inner.state.values() for t in st.values() if isinstance(t, torch.Tensor)
                           and t.dim() > 0),
-        "trained_params": sum(p.numel() for p in trainer.trainable),
+        "trained_params": sum(p.numel() for p in trainer.learner.trainable),
         "params": sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n),
     }
     mb = 1024 * 1024
@@ -86,7 +90,7 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--lora-r", type=int, default=16)
@@ -125,14 +129,14 @@ def main() -> None:
                        ("optimizer_mb", "  AdamW moments"),
                        ("peak_rss_mb", "peak resident")]:
         print(f"{label:18s}{full[key]:>8.0f}MB{lora[key]:>8.0f}MB")
-    print(json.dumps({"benchmark": "lora_memory", "params": full["params"], "lora_r": args.lora_r,
-                      "trained_params_lora": lora["trained_params"],
-                      "training_state_mb_full": round(full["training_state_mb"], 1),
-                      "training_state_mb_lora": round(lora["training_state_mb"], 1),
-                      "peak_rss_mb_full": round(full["peak_rss_mb"]), "peak_rss_mb_lora": round(lora["peak_rss_mb"]),
-                      "state_ratio": round(full["training_state_mb"] / max(lora["training_state_mb"], 1e-9), 2),
-                      "ratio": round(full["peak_rss_mb"] / lora["peak_rss_mb"], 3), "machine": f"{os.cpu_count()} CPU "
-                      "cores"}))
+    report("lora_memory", {"params": full["params"], "lora_r": args.lora_r,
+                           "trained_params_lora": lora["trained_params"],
+                           "training_state_mb_full": round(full["training_state_mb"], 1),
+                           "training_state_mb_lora": round(lora["training_state_mb"], 1),
+                           "peak_rss_mb_full": round(full["peak_rss_mb"]),
+                           "peak_rss_mb_lora": round(lora["peak_rss_mb"]),
+                           "state_ratio": round(full["training_state_mb"] / max(lora["training_state_mb"], 1e-9), 2),
+                           "ratio": round(full["peak_rss_mb"] / lora["peak_rss_mb"], 3)})  # adds the machine
 
 
 if __name__ == "__main__":

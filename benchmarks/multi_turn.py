@@ -56,19 +56,16 @@ memory bandwidth) and the per-forward cost of the layers.
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from pathlib import Path
 
 import numpy as np
 import torch
+from benchlib import parser, report
 
 from agentrl.engines import SamplingConfig, TorchEngine, torch_engine
 from agentrl.policy import ChatFormat, Policy, TinyModelConfig, build_tiny_policy
@@ -76,7 +73,6 @@ from agentrl.registry import make
 from agentrl.rollout import rollout
 from agentrl.stages.sft import expert_texts
 
-RESULTS = Path(__file__).resolve().parent / "results"
 MAX_ENGINE_ROUNDS = 24  # a repeat's engine rounds at most (the shortest horizons' rounds last a fraction of a second)
 MODEL = TinyModelConfig(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
                         num_key_value_heads=2, max_position_embeddings=4096)
@@ -180,13 +176,12 @@ def timed(run: Callable[[], list[int]]) -> tuple[float, list[int]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, quick="a smoke run: 4 and 16 turns, 16 episodes, 1 round")
     ap.add_argument("--locks", type=int, nargs="+", default=[2, 8, 16, 20], help="horizons: 2*locks turns each")
     ap.add_argument("--episodes", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=16, help="tokens per action (every action is this long)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--engine-only", action="store_true", help="time the engine alone (no baseline, no ratio)")
-    ap.add_argument("--quick", action="store_true", help="a smoke run: 4 and 16 turns, 16 episodes, 1 round")
     ap.add_argument("--out", default="/tmp/agentrl-bench-multi-turn",
                     help="where the tiny policy is built (the JSON always goes to benchmarks/results/)")
     args = ap.parse_args()
@@ -310,7 +305,6 @@ def main() -> None:
         "baseline_time_exponent": None if exponent["baseline"] is None else round(exponent["baseline"], 3),
         "engine_padding_fraction": rows[-1]["engine_padding_fraction"],
         "ratio": rows[-1].get("ratio"),
-        "command": "python benchmarks/multi_turn.py " + " ".join(sys.argv[1:]),
         "loadavg_1min_before": load_before,
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
     }
@@ -324,9 +318,7 @@ def main() -> None:
     if exponent["engine"] is not None:
         print(f"time per episode ~ turns^k: engine k = {exponent['engine']:.2f}"
               + ("" if exponent["baseline"] is None else f", baseline k = {exponent['baseline']:.2f}"))
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"multi_turn{'_quick' if args.quick else ''}.json").write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result))
+    report("multi_turn", result, args.quick)  # adds the machine and the command
 
 
 if __name__ == "__main__":

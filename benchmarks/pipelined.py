@@ -14,28 +14,26 @@ seeds' spread.
 On 2 CPU cores the rollout thread and the learner share the same two cores (and Python's lock), so the
 overlap can only win the time the rollout spends waiting; on a GPU with slow tools it wins more.
 Last line: one JSON object, `ratio` = on-policy loop time / ahead loop time (> 1: ahead is faster);
-also benchmarks/results/pipelined.json.
+also benchmarks/results/pipelined.json (a quick run: pipelined_quick.json).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from train_runs import machine, spread, train
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import parser, report  # noqa: E402
+from train_runs import spread, train  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results" / "pipelined.json"
 VARIANTS = {"on-policy": [], "ahead": ["--rollout.max-staleness", "1"],
             "ahead-decoupled": ["--rollout.max-staleness", "1", "--loss.off-policy", "decoupled"]}
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="10 updates, one seed, 64 held-out episodes")
+    p = parser(__doc__, quick="10 updates, one seed, 64 held-out episodes")
     p.add_argument("--decoupled", action="store_true", help="also run max_staleness 1 with the decoupled loss")
     p.add_argument("--seeds", type=int, nargs="+", default=None)
     p.add_argument("--updates", type=int, default=None)
@@ -65,11 +63,9 @@ def main() -> None:
     ratio = summary["on-policy"]["loop_s_mean"] / summary["ahead"]["loop_s_mean"]
     print(f"on-policy / ahead loop time: {ratio:.2f}x")
     figures = {"benchmark": "pipelined", "quick": a.quick, "updates": updates, "seeds": seeds,
-               "eval_episodes": eval_episodes, "variants": summary, "runs": runs, "machine": machine(),
-               "command": " ".join(["python", "benchmarks/pipelined.py", *sys.argv[1:]]), "ratio": round(ratio, 3)}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(figures, indent=1) + "\n")
-    print(json.dumps(figures))
+               "eval_episodes": eval_episodes, "variants": summary, "runs": runs,
+               "ratio": round(ratio, 3)}
+    report("pipelined", figures, a.quick)  # adds the machine and the command
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ on the warm starts only).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -42,6 +41,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from benchlib import parser, report  # noqa: E402
 from probe_vs_sweep import finals_by_algo, probe_sweep  # noqa: E402
 
 REGRET_FLOOR = 0.005
@@ -100,7 +100,7 @@ def sweep_cost(sweep: dict[str, Any]) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("sweeps", nargs="+", help="sweep.json files, one per task family (at least 3)")
     ap.add_argument("--groups", type=int, default=8, help="tasks the probe rolls out per horizon (x the sweep's "
                     "group size)")
@@ -246,9 +246,8 @@ def main() -> None:
     console.print(picks)
     record["wall_s"] = round(time.perf_counter() - t0)
     full = {**record, "per_family": per_family, "rows": [r for v in rows.values() for r in v]}
-    Path(args.json_out).write_text(json.dumps(full, indent=1) + "\n")
+    report("probe_lofo", full, path=args.json_out, summary=record)  # the file keeps every row; the line, the figures
     Path(args.json_out + ".partial").unlink(missing_ok=True)
-    print(json.dumps(record))
 
 
 if __name__ == "__main__":

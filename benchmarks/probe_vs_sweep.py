@@ -35,7 +35,6 @@ fixed choice, below 1 some fixed choice beat it. A horizon report per horizon go
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -44,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-
+from benchlib import announce, parser, report  # noqa: E402
 from horizon_sweep import ALGOS, FAMILIES, knob_of, train_config  # noqa: E402
 
 from agentrl.probe.calibration import merge_sweeps  # noqa: E402,F401  (the calibration's; kept importable here)
@@ -174,7 +173,7 @@ def regret_table(reg: dict[str, dict[str, Any]], sweep: dict[str, Any], title: s
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("sweep", help="a sweep.json written by benchmarks/horizon_sweep.py: the thresholds are "
                     "calibrated on it")
     ap.add_argument("--holdout", metavar="SWEEP", help="a second sweep (another family): probe it out of sample, "
@@ -219,8 +218,9 @@ def main() -> None:
                   "per_horizon": [{k: r[k] for k in ("size", "rule", "recommended", "best", "within", "agree")}
                                   | {"turns_median": r["stats"]["turns_median"]} for r in rows]}
         if args.json_out:
-            Path(args.json_out).write_text(json.dumps({**record, "rows": rows}, indent=1) + "\n")
-        print(json.dumps(record))
+            report("probe_vs_sweep", {**record, "rows": rows}, path=args.json_out, summary=record)
+        else:
+            announce("probe_vs_sweep", record)
         return
 
     hpath = Path(args.holdout)
@@ -284,8 +284,9 @@ def main() -> None:
                     regrets_calibration_after=reg2_cal)
     record["wall_s"] = round(time.perf_counter() - t0)
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(full | {"wall_s": record["wall_s"]}, indent=1) + "\n")
-    print(json.dumps(record))
+        report("probe_vs_sweep", full | {"wall_s": record["wall_s"]}, path=args.json_out, summary=record)
+    else:
+        announce("probe_vs_sweep", record)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ environment. Every phase's seconds, tokens/s and the peak resident memory are re
     python benchmarks/real_model.py            # the committed run (about an hour on a quiet 2-core machine)
     python benchmarks/real_model.py --quick    # one SFT, one grpo arm of 2 updates: a few minutes
 
-Last line: one JSON object; also written to benchmarks/results/real_model.json.
+Last line: one JSON object; also written to benchmarks/results/real_model.json (a quick run: real_model_quick.json).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_runs import machine  # noqa: E402
+from benchlib import parser, report  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m-instruct"
@@ -90,8 +90,7 @@ def rl_arm(out: Path, warm: dict, algo: str, seed: int, a: argparse.Namespace) -
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="one SFT, one grpo arm of 2 updates (a few minutes)")
+    p = parser(__doc__, quick="one SFT, one grpo arm of 2 updates (a few minutes)")
     p.add_argument("--arms", default="arithmetic:grpo:0,arithmetic:grpo:1,arithmetic:grpo:2,arithmetic:turn-ppo:0,"
                    "math:grpo:0", help="env:algo:seed, comma-separated")
     p.add_argument("--demos", type=int, default=96, help="expert demonstrations for the SFT warm start")
@@ -110,7 +109,7 @@ def main() -> None:
                    "warm_start.json is read for the record) instead of running SFT again")
     p.add_argument("--merge", default=None, help="a results JSON whose runs (and SFT records) this run's join")
     p.add_argument("--out", default="runs/real_model")
-    p.add_argument("--json", default=str(REPO / "benchmarks" / "results" / "real_model.json"))
+    p.add_argument("--json", default=None, help="default: benchmarks/results/real_model[_quick].json")
     a = p.parse_args()
     if a.quick:
         a.arms, a.demos, a.sft_epochs, a.updates, a.eval_episodes = "arithmetic:grpo:0", 16, 1, 2, 4
@@ -157,11 +156,10 @@ def main() -> None:
         "sft": list(warms.values()), "runs": runs,
         "settings": {k: v for k, v in vars(a).items() if k not in ("json", "out")},
         "fetch_seconds": round(fetch_s, 1), "total_seconds": round(time.perf_counter() - t0, 1),
-        "machine": machine(), "load_before": round(load_before, 2),
+        "load_before": round(load_before, 2),
     }
     print(f"grpo on {first}: warm start {warm_mean:.3f} -> final {final_mean:.3f} ({result['ratio']}x)")
-    Path(a.json).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
+    report("real_model", result, a.quick, path=a.json)  # adds the machine and the command
 
 
 if __name__ == "__main__":

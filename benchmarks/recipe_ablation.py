@@ -7,20 +7,22 @@ All three arms start from the same SFT warm start (cached) and may sample the sa
 episodes after it: SFT->RL spends them on GRPO updates (64 per update), SFT->DPO on rollouts
 that become preference pairs (pass vs fail within a group), SFT->DPO->RL a quarter on pairs and
 the rest on GRPO. Each arm's held-out pass rate (same seeds) is recorded; baseline is SFT->RL,
-and `ratio` (last line) is SFT->DPO->RL's mean final pass rate over SFT->RL's.
+and `ratio` (last line) is SFT->DPO->RL's mean final pass rate over SFT->RL's. Every run's figures go to
+`<out>/ablation.json`, the table to `<out>/table.md`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
 from pathlib import Path
 
+from benchlib import parser, report
+
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--budget", type=int, default=1280, help="episodes each arm may sample after SFT")
     ap.add_argument("--preference", choices=["dpo", "simpo", "ipo"], default="dpo")
@@ -53,9 +55,8 @@ def main() -> None:
             print(f"{arm:14s} seed {seed}: sft {row['sft']:.3f} -> final {row['final']:.3f} ({row['wall_s']:.0f}s)",
                   flush=True)
             (out / "ablation.json").parent.mkdir(parents=True, exist_ok=True)
-            (out / "ablation.json").write_text(json.dumps(results, indent=1))
+            (out / "ablation.json").write_text(json.dumps(results, indent=1))  # after every run: a partial ablation
     results["wall_s"] = round(time.perf_counter() - t0)
-    (out / "ablation.json").write_text(json.dumps(results, indent=1))
     lines = ["| arm | held-out pass rate after SFT | final held-out pass rate (mean ± std) | seeds |",
              "|---|---|---|---|"]
     means = {}
@@ -69,9 +70,10 @@ def main() -> None:
     (out / "table.md").write_text(table + "\n")
     print(table)
     base, full = means["sft->rl"], means[f"sft->{args.preference}->rl"]
-    print(json.dumps({"benchmark": "recipe_ablation", "budget_episodes": args.budget, "seeds": len(args.seeds),
-                      **{k.replace("->", "_to_"): round(v, 3) for k, v in means.items()}, "wall_s": results["wall_s"],
-                      "ratio": round(full / base, 3) if base > 0 else None}))
+    report("recipe_ablation", results, path=out / "ablation.json",
+           summary={"budget_episodes": args.budget, "seeds": len(args.seeds),
+                    **{k.replace("->", "_to_"): round(v, 3) for k, v in means.items()}, "wall_s": results["wall_s"],
+                    "ratio": round(full / base, 3) if base > 0 else None})
 
 
 if __name__ == "__main__":

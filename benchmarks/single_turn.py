@@ -19,19 +19,19 @@ shared machine falls on all three alike), and the median of each is reported.
     python benchmarks/single_turn.py
     python benchmarks/single_turn.py --batch 64 --prompt-len 32 --new-tokens 64 --repeats 7
 
-Last line: one JSON object with the figures; `ratio` is engine tokens/s / plain-loop tokens/s.
+Last line: one JSON object with the figures (also written to benchmarks/results/single_turn.json); `ratio` is
+engine tokens/s / plain-loop tokens/s.
 """
 
 from __future__ import annotations
 
-import argparse
 import inspect
-import json
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
+from benchlib import parser, report
 from transformers import DynamicCache
 
 from agentrl.engines import SamplingConfig, TorchEngine
@@ -79,7 +79,7 @@ def generate_run(policy: Policy, prompts: torch.Tensor, new_tokens: int, seed: i
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=64)
@@ -110,7 +110,6 @@ def main() -> None:
     n_tokens = args.batch * args.new_tokens
     tps = {name: n_tokens / statistics.median(s) for name, s in seconds.items()}
     result = {
-        "benchmark": "single_turn",
         "model_parameters": policy.num_parameters,
         "model": MODEL.model_dump(),
         "vocab_size": vocab,
@@ -132,7 +131,7 @@ def main() -> None:
           f"{args.new_tokens} new tokens, median of {args.repeats}: engine {tps['engine']:.0f} tokens/s, plain cached "
           f"loop {tps['plain']:.0f}, generate() {tps['generate']:.0f} -> engine/plain {result['ratio']:.2f}x, "
           f"engine/generate {result['ratio_engine_generate']:.2f}x")
-    print(json.dumps(result))
+    report("single_turn", result)  # adds the machine and the command
 
 
 if __name__ == "__main__":

@@ -17,18 +17,16 @@ default arms are the median of `--repeats` runs (3); the serial arm, minutes at 
     python benchmarks/tool_latency.py --quick    # 16 episodes, serial only at 20 ms
 
 Last line: one JSON object; `ratio` is serial / default at 20 ms x 16 turns. Also written to
-benchmarks/results/tool_latency.json.
+benchmarks/results/tool_latency.json (a quick run: tool_latency_quick.json).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
+from benchlib import parser, report
 
 from agentrl.engines import SamplingConfig, TorchEngine
 from agentrl.envs.vault import VaultEnv
@@ -84,14 +82,13 @@ def flipped(tokens: list[list[int]], reference: list[list[int]]) -> int:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, quick="16 episodes; the serial baseline at 20 ms only")
     ap.add_argument("--episodes", type=int, default=64)
     ap.add_argument("--turns", type=int, nargs="+", default=[4, 16])
     ap.add_argument("--latency", type=float, nargs="+", default=[0.02, 0.2])
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3, help="runs of the zero-latency and default arms; the median "
                     "is reported (one run of a second or less moves by a third on a 2-core machine)")
-    ap.add_argument("--quick", action="store_true", help="16 episodes; the serial baseline at 20 ms only")
     ap.add_argument("--out", default="/tmp/agentrl-bench-tool-latency")
     args = ap.parse_args()
     if args.quick:
@@ -140,9 +137,7 @@ def main() -> None:
               "quick": args.quick, "threads": torch.get_num_threads(), "cases": cases,
               "max_default_vs_zero": max(c["default_vs_zero"] for c in cases),
               "ratio": key["serial_vs_default"] if key else None}
-    Path(__file__).parent.joinpath("results").mkdir(exist_ok=True)
-    Path(__file__).parent.joinpath("results", "tool_latency.json").write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result))
+    report("tool_latency", result, args.quick)  # adds the machine and the command
 
 
 if __name__ == "__main__":

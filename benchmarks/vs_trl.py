@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import platform
 import shlex
@@ -78,6 +77,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # `examples` lives at the top of the repository
 
 import torch  # noqa: E402
+from benchlib import parser, report  # noqa: E402
 
 from agentrl.policy import ChatFormat, TinyModelConfig, build_tiny_policy  # noqa: E402
 from agentrl.stages.sft import expert_texts  # noqa: E402
@@ -424,7 +424,7 @@ def run_both(model_dir: Path, args: argparse.Namespace, work: Path) -> dict[str,
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--updates", type=int, default=5, help="timed updates per side, after one warm-up update")
     ap.add_argument("--prompts", type=int, default=8, help="prompts (groups) per update")
     ap.add_argument("--group-size", type=int, default=8, help="completions per prompt (G)")
@@ -542,10 +542,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"NOT LIKE FOR LIKE: {a['skipped']} timed agentrl update(s) had no reward variance and skipped the "
               "optimizer step")
     name = "vs_trl" + (f"_{args.model.split('-')[0]}" if args.model != "tiny" else "")
-    out = Path(args.save) if args.save else Path(__file__).resolve().parent / "results" / f"{name}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result))
+    report(name, result, path=args.save)  # adds the rest of the machine
     return result
 
 

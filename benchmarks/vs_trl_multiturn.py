@@ -73,6 +73,7 @@ for p in (HERE.parent, HERE):  # the repository (for `examples`) and benchmarks/
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # environment_factory is marked experimental in TRL 1.16
 
 import torch  # noqa: E402
+from benchlib import parser, report  # noqa: E402
 from vs_trl import CLIP_EPS, LR, Turns, take_turns  # noqa: E402
 
 from agentrl.core import AgentEnv  # noqa: E402
@@ -86,7 +87,6 @@ HIGHEST = 64
 # vs_trl.py's model, with room for 17 turns after Qwen2.5's long tool preamble
 MODEL = TinyModelConfig(hidden_size=128, intermediate_size=416, num_hidden_layers=4, num_attention_heads=4,
                         num_key_value_heads=2, max_position_embeddings=2048, vocab_size=1024)
-RESULTS = HERE / "results"
 
 
 class Guess(AgentEnv):
@@ -495,9 +495,8 @@ def prompt_tokens(trainer: Any, task: str, seed: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="a smoke run: the tiny policy, 2 prompts x 4, 2 timed "
-                    "updates, a short SFT (under 5 minutes on 2 cores)")
+    ap = parser(__doc__, quick="a smoke run: the tiny policy, 2 prompts x 4, 2 timed updates, a short SFT (under 5 "
+                "minutes on 2 cores)")
     ap.add_argument("--model", default="tiny", help="tiny (the 0.9M Llama, its tokenizer trained here) or a model "
                     "agentrl fetches, e.g. smollm2-135m-instruct; either way under Qwen2.5's template, which TRL knows")
     ap.add_argument("--task", default="guess", choices=sorted(TASKS),
@@ -646,11 +645,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"NOT LIKE FOR LIKE: turns per episode agentrl {a['turns']}, TRL {t['turns']} (budget {budget}): "
               "TRL's loop ends an episode at the first completion without a parseable call (a longer SFT: "
               "--demos/--sft-epochs)")
-    name = "vs_trl_multiturn" + (f"_{args.model.split('-')[0]}" if real else "") + ("_quick" if args.quick else "")
-    out = Path(args.save) if args.save else RESULTS / f"{name}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result))
+    name = "vs_trl_multiturn" + (f"_{args.model.split('-')[0]}" if real else "")
+    report(name, result, args.quick, path=args.save)  # adds the rest of the machine
     return result
 
 

@@ -18,7 +18,8 @@ can be recovered from (TextArena's Sokoban: a detour costs turns), long episodes
 plain gymnasium text env (GuessNumber, `examples/gym_guess.py`, through `gym:`). Recorded per cell:
 the noise chosen, the warm start's held-out pass rate and the pass rate after RL, and whether the
 warm start lay inside the useful band. The baseline is `default`; `ratio` (last line, one JSON
-object) is new_auto's mean final pass rate over default's, over every env and seed.
+object) is new_auto's mean final pass rate over default's, over every env and seed. Every cell goes to
+benchmarks/results/warm_start.json (a quick run: warm_start_quick.json), rewritten after each.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `gym:examples.gym_guess:...` imports the example from the checkout
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchlib import parser, report, save  # noqa: E402
 
 # (env id, kwargs, demonstrations, SFT epochs, tiny model: None for TrainConfig's default): sized so that the
 # default's warm start learns something (the sizing runs are in benchmarks/results/warm_start.json's note)
@@ -106,8 +109,7 @@ def cell(env: str, rule: str, seed: int, args: argparse.Namespace, out: Path, de
 def main() -> None:
     from agentrl.config import SFTConfig
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="vault and guess, 1 seed, half the demonstrations")
+    ap = parser(__doc__, quick="vault and guess, 1 seed, half the demonstrations")
     ap.add_argument("--envs", nargs="+", choices=list(ENVS), default=None)
     ap.add_argument("--seeds", type=int, nargs="+", default=None)
     ap.add_argument("--updates", type=int, default=None, help="grpo updates after the warm start (default 4; quick 2)")
@@ -124,7 +126,7 @@ def main() -> None:
                     help="the rules to run (default all three; new_auto reuses default's cell where it keeps 0.35)")
     ap.add_argument("--note", default="", help="a note kept in the results JSON (how the sizes were chosen)")
     ap.add_argument("--out", default="runs/warm-start")
-    ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "warm_start.json"))
+    ap.add_argument("--results", default=None, help="default: benchmarks/results/warm_start[_quick].json")
     args = ap.parse_args()
     args.envs = args.envs or (["vault", "guess"] if args.quick else list(ENVS))
     args.seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
@@ -137,7 +139,6 @@ def main() -> None:
     rules = args.rules or ["default", "old_auto", "new_auto"]
     out = Path(args.out)
     results: dict = {"benchmark": "warm_start", "partial": True, "note": args.note,
-                     "command": " ".join(["python", "benchmarks/warm_start.py", *sys.argv[1:]]),
                      "started": time.strftime("%Y-%m-%d %H:%M"), "quick": args.quick, "updates": args.updates,
                      "groups": args.groups, "group_size": 8, "eval_episodes": args.eval_episodes,
                      "calibration_episodes": args.calibration_episodes,
@@ -161,18 +162,17 @@ def main() -> None:
                       f"({row['wall_s']:.0f}s)", flush=True)
                 results["wall_s"] = round(time.perf_counter() - t0)
                 lines = summarize(results, args.envs, rules)  # rewritten after every cell: a cut-short run keeps all
-                Path(args.results).parent.mkdir(parents=True, exist_ok=True)
-                Path(args.results).write_text(json.dumps(results, indent=1))
+                save("warm_start", results, args.quick, args.results)
     results["partial"] = False
     results["load_average_end"] = os.getloadavg()[0]
-    Path(args.results).write_text(json.dumps(results, indent=1))
     print("\n".join(lines))
     mean = {rule: statistics.mean(r["final"] for r in results["cells"] if r["rule"] == rule) for rule in rules}
-    print(json.dumps({"benchmark": "warm_start", "quick": args.quick, "envs": args.envs, "seeds": len(args.seeds),
-                      "updates": args.updates, **{f"final_{k}": round(v, 3) for k, v in mean.items()},
-                      "wall_s": results["wall_s"], "done_when": results["done_when"],
-                      "ratio": (round(mean["new_auto"] / mean["default"], 3)
-                                if mean.get("default") and "new_auto" in mean else None)}))
+    report("warm_start", results, args.quick, args.results,
+           summary={"quick": args.quick, "envs": args.envs, "seeds": len(args.seeds), "updates": args.updates,
+                    **{f"final_{k}": round(v, 3) for k, v in mean.items()}, "wall_s": results["wall_s"],
+                    "done_when": results["done_when"],
+                    "ratio": (round(mean["new_auto"] / mean["default"], 3)
+                              if mean.get("default") and "new_auto" in mean else None)})
 
 
 def summarize(results: dict, envs: list[str], rules: list[str]) -> list[str]:

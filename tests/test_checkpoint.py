@@ -26,7 +26,8 @@ from agentrl import cli
 from agentrl.checkpoint import checkpoints, latest, read, verify, write
 from agentrl.config import TrainConfig
 from agentrl.monitor import Monitor
-from agentrl.trainer import CHECKPOINTS, Trainer
+from agentrl.run_folder import CHECKPOINTS
+from agentrl.trainer import Trainer
 
 TESTS = Path(__file__).parent
 
@@ -226,7 +227,7 @@ def test_resume_restores_assigner_heads_and_adapters(tmp_path, vault_policy_dir,
     if case == "lora":  # the adapters trained away from their initial values, and only they are saved
         weights = read(full / CHECKPOINTS / "update_00002", "model.pt")
         assert weights and all("lora" in k for k in weights)
-        start = dict(fresh.accelerator.unwrap_model(fresh.model).named_parameters())
+        start = dict(fresh.accelerator.unwrap_model(fresh.learner.model).named_parameters())
         assert any(not torch.equal(w, start[k].detach()) for k, w in weights.items())
     else:  # the head after update 1 differs from a freshly built one: restoring it is what the test checks
         head = fresh.assigner.state_dict()
@@ -365,6 +366,7 @@ def test_resume_under_fsdp_or_deepspeed_is_refused_before_any_work(tmp_path, ful
     from accelerate.utils import DistributedType
 
     import agentrl.trainer as tr
+    from agentrl.run_folder import ResumeUnsupported
 
     run = tmp_path / "run"
     shutil.copytree(full_run, run)
@@ -372,7 +374,7 @@ def test_resume_under_fsdp_or_deepspeed_is_refused_before_any_work(tmp_path, ful
     with monkeypatch.context() as m:
         m.setattr("accelerate.Accelerator", _sharded_accelerator(DistributedType(kind)))
         m.setattr(tr.Policy, "load", lambda *a, **k: pytest.fail("the policy was loaded"))
-        with pytest.raises(tr.ResumeUnsupported, match=f"under {kind}"):
+        with pytest.raises(ResumeUnsupported, match=f"under {kind}"):
             Trainer(run_config(run, vault_policy_dir), resume=True)
         assert cli.main(["train", "--resume", str(run)]) == 2  # the command line: a usage error, no traceback
         err = capsys.readouterr().err
@@ -380,7 +382,7 @@ def test_resume_under_fsdp_or_deepspeed_is_refused_before_any_work(tmp_path, ful
     assert {p: p.stat().st_mtime_ns for p in run.rglob("*")} == before
     newest = checkpoints(run / CHECKPOINTS)[-1]
     _rewrite_state(newest, distributed_type=kind)
-    with pytest.raises(tr.ResumeUnsupported, match=f"{newest.name} was saved under {kind}"):
+    with pytest.raises(ResumeUnsupported, match=f"{newest.name} was saved under {kind}"):
         Trainer(run_config(run, vault_policy_dir), monitor=quiet_monitor(run, run_config(run, vault_policy_dir))[0],
                 resume=True)
     saved = json.loads((checkpoints(full_run / CHECKPOINTS)[-1] / "state.json").read_text())
@@ -390,7 +392,7 @@ def test_resume_under_fsdp_or_deepspeed_is_refused_before_any_work(tmp_path, ful
 def test_algo_auto_pick_survives_a_resume_before_the_first_checkpoint(tmp_path, vault_policy_dir, monkeypatch):
     """--algo auto's decision is written into the run folder when the run starts (decisions.json), so a run killed
     before its first checkpoint and resumed still says in summary.json what picked its assigner and why."""
-    from agentrl.trainer import DECISIONS
+    from agentrl.run_folder import DECISIONS
 
     run = tmp_path / "run"
     picked = {"algo": "gigpo", "rule": "R2", "reason": "states repeat across episodes", "advice": None,

@@ -193,7 +193,7 @@ def test_algo_distill_trains_end_to_end_and_logs_the_teacher_kl(vault_policy_dir
     cfg = small_config(tmp_path, vault_policy_dir, algo="distill", teacher=str(teacher_dir),
                        credit={"distill_clip": 5.0, "reward_weight": 0.1})
     trainer = Trainer(cfg)
-    teacher_before = {k: v.clone() for k, v in trainer.teacher.state_dict().items()}
+    teacher_before = {k: v.clone() for k, v in trainer.learner.teacher.state_dict().items()}
     before = {k: v.clone() for k, v in trainer.policy.model.state_dict().items()}
     trainer.train()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -203,7 +203,8 @@ def test_algo_distill_trains_end_to_end_and_logs_the_teacher_kl(vault_policy_dir
     assert all(torch.isfinite(torch.tensor(r["train/loss"])) for r in updates)
     after = trainer.policy.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
-    assert all(torch.equal(teacher_before[k], v) for k, v in trainer.teacher.state_dict().items())  # frozen
+    teacher_after = trainer.learner.teacher.state_dict()
+    assert all(torch.equal(teacher_before[k], v) for k, v in teacher_after.items())  # frozen
 
 
 def test_the_teacher_scores_each_action_on_the_context_it_was_sampled_from(trimming_model, tmp_path):  # noqa: F811
@@ -212,7 +213,7 @@ def test_the_teacher_scores_each_action_on_the_context_it_was_sampled_from(trimm
     from agentrl.trainer import Trainer
 
     trainer = Trainer(trimming_config(trimming_model, tmp_path / "run", algo="distill", teacher=str(trimming_model)))
-    episodes, metrics = trainer.collect(1)
+    episodes, metrics = trainer.collector.collect(1)
     assert metrics["rollout/segmented_frac"] > 0.5
     batch, _ = trainer._score_step(1, episodes, metrics)
     mask = batch.action_mask > 0

@@ -23,8 +23,9 @@ from safetensors.torch import load_file
 from agentrl.checkpoint import checkpoints, read
 from agentrl.cli import launch_command
 from agentrl.config import TrainConfig, read_yaml
+from agentrl.run_folder import CHECKPOINTS
 from agentrl.store import TrajectoryStore
-from agentrl.trainer import CHECKPOINTS, Trainer
+from agentrl.trainer import Trainer
 
 TESTS = Path(__file__).parent
 sys.path.insert(0, str(TESTS))

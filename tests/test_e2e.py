@@ -7,11 +7,12 @@ import json
 import pytest
 import torch
 
+from agentrl.collector import EpisodeErrors
 from agentrl.config import TrainConfig
 from agentrl.core import AgentEnv
 from agentrl.policy import Policy
 from agentrl.store import TrajectoryStore
-from agentrl.trainer import EpisodeErrors, Trainer
+from agentrl.trainer import Trainer
 
 
 class Babble(AgentEnv):
@@ -97,7 +98,7 @@ def test_raising_verifier_stops_the_run_with_where_and_keeps_the_batch(tmp_path,
         trainer.train()  # the held-out evaluation before training meets it first
     with pytest.raises(EpisodeErrors, match=r"8 episode\(s\) errored \(the batch is saved in "
                        r".*update_00001_0.parquet\)"):
-        trainer.collect(1)
+        trainer.collector.collect(1)
     saved = TrajectoryStore.load(tmp_path / "run" / "store")
     assert len(saved) == 8 and all("verifier lost its tests" in e.error for e in saved)
 

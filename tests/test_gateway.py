@@ -363,15 +363,15 @@ def test_a_rewriting_agent_trains_each_segment_on_its_own_context(policy_dir, tm
 
     trainer = Trainer(agent_config(policy_dir, tmp_path / "run", "solve_rewriting"))
     try:
-        episodes, metrics = trainer.collect(1)
+        episodes, metrics = trainer.collector.collect(1)
     finally:
         trainer.runner.close()
     assert metrics["rollout/segmented_frac"] == 1.0 and metrics["gateway/prefix_break_rate"] == 1.0
     batch = make_batch(episodes, trainer.policy.chat.pad_id)
-    scored = trainer._score(batch, trainer._learner(), None)
+    scored = trainer.learner.score(batch, trainer.learner.scorer(), None)
     mask = batch.action_mask > 0
     assert torch.allclose(scored[mask], batch.behaviour_logp[mask], atol=1e-4)  # the engine's, on each segment
-    model = trainer._learner()
+    model = trainer.learner.scorer()
     for row, ep in enumerate(batch.episodes):  # the oracle: a forward on each segment's own ids
         assert len(ep.segments()) == 3
         for ids, src in ep.segments():

@@ -209,7 +209,8 @@ def test_interventions_turn_the_trainers_knobs_never_its_config_and_a_checkpoint
     from test_e2e import small_config
 
     from agentrl.checkpoint import latest, read
-    from agentrl.trainer import CHECKPOINTS, Trainer
+    from agentrl.run_folder import CHECKPOINTS
+    from agentrl.trainer import Trainer
 
     hc = {"interventions": {"adaptive_entropy": {"enabled": True, "target": 100.0},  # entropy is always below
                             "adaptive_kl": {"enabled": True, "target": 1e-6}}}  # KL is always above (0 at update 1)
@@ -228,7 +229,8 @@ def test_interventions_turn_the_trainers_knobs_never_its_config_and_a_checkpoint
     # each part that reads a knob got it: the engine a copy of its own, the assigner its options, the loss a copy
     assert trainer.engine.sampling.temperature == 1.3 and trainer.engine.sampling is not trainer.cfg.rollout.sampling
     assert trainer.assigner.cfg.dynamic_sampling == "resample"
-    assert (trainer.loss_config().entropy_coef, trainer.loss_config().kl_coef) == (k.entropy_coef, k.kl_coef)
+    loss = trainer.learner.loss_config()
+    assert (loss.entropy_coef, loss.kl_coef) == (k.entropy_coef, k.kl_coef)
 
     folder, _ = latest(tmp_path / "run" / CHECKPOINTS)
     assert read(folder, "state.json")["knobs"] == k.state()

@@ -167,8 +167,8 @@ def test_a_planted_gap_fires_engine_mismatch(tmp_path, vault_policy_dir, monkeyp
 def test_an_update_with_nothing_to_train_still_measures_the_engine_gap(tmp_path, vault_policy_dir, monkeypatch):
     from test_e2e import small_config
 
-    import agentrl.trainer as trainer_module
     from agentrl.credit import Credit
+    from agentrl.learner import nothing_to_train
     from agentrl.trainer import Trainer
 
     trainer = Trainer(small_config(tmp_path, vault_policy_dir, rollout={"dtype": "bf16"}))
@@ -179,7 +179,7 @@ def test_an_update_with_nothing_to_train_still_measures_the_engine_gap(tmp_path,
         return Credit(torch.zeros_like(credit.advantages), credit.row_weight, credit.metrics)
 
     monkeypatch.setattr(trainer.assigner, "assign", flat)
-    assert trainer_module._nothing_to_train(Credit(torch.zeros(2, 3), torch.ones(2)))
+    assert nothing_to_train(Credit(torch.zeros(2, 3), torch.ones(2)))
     trainer.train()
     steps = _steps(tmp_path / "run")
     assert all(r["train/skipped"] == 1.0 for r in steps)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import socket
@@ -9,13 +10,22 @@ import struct
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentrl.verify import _harness
-from agentrl.verify.sandbox import Limits, LocalSandbox, SandboxError, SandboxPool, TestCase, probe_capabilities
+from agentrl.verify.sandbox import (
+    Limits,
+    LocalSandbox,
+    SandboxError,
+    SandboxPool,
+    TestCase,
+    harness,
+    probe_capabilities,
+)
+from agentrl.verify.sandbox.harness import codec, roles
 
 CAPS = probe_capabilities()
 needs_isolation = pytest.mark.skipif(
@@ -45,16 +55,16 @@ _TAKEN: set[int] = set()  # every uid this test process's sandboxes ran as
 def record_uids(monkeypatch):
     """Record the uids our runs take, so the leftover check looks at our processes only: another
     sandbox user on the machine (a second test run, a training job) must not fail these tests."""
-    from agentrl.verify import sandbox as sandbox_module
+    from agentrl.verify.sandbox import uids
 
-    take = sandbox_module._uids.take
+    take = uids.fresh_uids.take
 
     def recording_take():
         uid = take()
         _TAKEN.add(uid)
         return uid
 
-    monkeypatch.setattr(sandbox_module._uids, "take", recording_take)
+    monkeypatch.setattr(uids.fresh_uids, "take", recording_take)
 
 
 def sandbox_processes() -> list[int]:
@@ -102,12 +112,33 @@ def test_codec_lets_only_plain_data_through():
         def __eq__(self, other):
             return True
 
-    assert _harness.decode(
-        _harness.encode({"a": (1, 2.5, float("inf")), "b": {1, 2}, "c": b"x", "d": [None, True]})
+    assert codec.decode(
+        codec.encode({"a": (1, 2.5, float("inf")), "b": {1, 2}, "c": b"x", "d": [None, True]})
     ) == {"a": (1, 2.5, float("inf")), "b": {1, 2}, "c": b"x", "d": [None, True]}
-    assert type(_harness.decode(_harness.encode(Evil(3)))) is int  # the override does not survive
-    with pytest.raises(_harness.CodecError):
-        _harness.encode(object())
+    assert type(codec.decode(codec.encode(Evil(3)))) is int  # the override does not survive
+    with pytest.raises(codec.CodecError):
+        codec.encode(object())
+
+
+def test_the_harness_parts_join_into_one_program():
+    """The harness reaches a run as one program, its parts joined in order (harness/__init__.py): a
+    name defined in two parts would silently be the later one's, a ``from __future__`` would land
+    mid-program, and a program past the kernel's limit on one argument (128 KiB) could not start."""
+    defined: dict[str, str] = {}
+    for part in harness.PARTS:
+        tree = ast.parse((Path(harness.__file__).parent / f"{part}.py").read_text())
+        for node in tree.body:
+            assert not (isinstance(node, ast.ImportFrom) and node.module == "__future__"), part
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            names = [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                names.append(node.name)
+            for name in names:
+                assert name not in defined, f"{name} is defined in {defined[name]} and in {part}"
+                defined[name] = part
+    assert "serve_main" in defined and "launch" in defined
+    assert len(harness.SOURCE.encode()) < 128 * 1024
+    compile(harness.SOURCE, "<harness>", "exec")
 
 
 # -- hostile code: every case contained, within its limit, nothing left running ---------------
@@ -346,8 +377,8 @@ def test_any_json_reply_is_a_value_or_a_violation(msg):
     """The judge's view of one frame: a decoded value, the candidate's exception, or a
     ProtocolViolation; never TypeError, KeyError or an unhashable set member escaping."""
     try:
-        out = _harness._check_reply(msg, 1)
-    except _harness.ProtocolViolation:
+        out = roles._check_reply(msg, 1)
+    except codec.ProtocolViolation:
         return
     assert out[0] in ("value", "error")
 
@@ -361,8 +392,8 @@ def test_any_bytes_on_the_pipe_are_a_frame_a_violation_or_eof(data):
         os.close(w)
         w = -1
         try:
-            _harness.recv(r, time.monotonic() + 1)
-        except (_harness.ProtocolViolation, EOFError):
+            codec.recv(r, time.monotonic() + 1)
+        except (codec.ProtocolViolation, EOFError):
             pass
     finally:
         os.close(r)
@@ -382,8 +413,8 @@ def test_decoder_rejects_what_the_encoder_cannot_produce():
         {"$f": "1e9"},
         json.loads("[" * 70 + "1" + "]" * 70),
     ):
-        with pytest.raises(_harness.CodecError):
-            _harness.decode(bad)
+        with pytest.raises(codec.CodecError):
+            codec.decode(bad)
     for wrong in (
         {"id": 2, "value": 1},
         {"id": True, "value": 1},
@@ -392,6 +423,6 @@ def test_decoder_rejects_what_the_encoder_cannot_produce():
         5,
         [1],
     ):
-        with pytest.raises(_harness.ProtocolViolation):
-            _harness._check_reply(wrong, 1)
-    assert _harness._check_reply({"id": 1, "value": {"$t": [1, {"$s": [2]}]}}, 1) == ("value", (1, {2}))
+        with pytest.raises(codec.ProtocolViolation):
+            roles._check_reply(wrong, 1)
+    assert roles._check_reply({"id": 1, "value": {"$t": [1, {"$s": [2]}]}}, 1) == ("value", (1, {2}))

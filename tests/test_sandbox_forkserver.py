@@ -14,8 +14,7 @@ import threading
 import pytest
 from test_sandbox_unprivileged import user  # noqa: F401, F811  the throwaway-uid fixture
 
-from agentrl.verify import sandbox as sandbox_module
-from agentrl.verify.sandbox import Limits, LocalSandbox, SandboxPool, TestCase, probe_capabilities
+from agentrl.verify.sandbox import Limits, LocalSandbox, SandboxPool, TestCase, forkserver, probe_capabilities
 
 CAPS = probe_capabilities()
 pytestmark = pytest.mark.skipif(CAPS.method == "none", reason="no isolation here, so no fork server: " +
@@ -29,14 +28,14 @@ ADD_TESTS = [TestCase("t0", "assert add(2, 3) == 5"), TestCase("t1", "assert add
 @pytest.fixture
 def servers(monkeypatch):
     """A registry of fork servers of this test's own, closed after it (others are not disturbed)."""
-    registry = sandbox_module._ForkServers()
-    monkeypatch.setattr(sandbox_module, "_fork_servers", registry)
+    registry = forkserver.ForkServers()
+    monkeypatch.setattr(forkserver.ForkServers, "shared", registry)
     yield registry
     registry.close_all()
 
 
-def server_of(sb: LocalSandbox) -> sandbox_module._ForkServer:
-    server = sandbox_module._fork_servers.get(sb.python, sb._env("/tmp"))
+def server_of(sb: LocalSandbox) -> forkserver.ForkServer:
+    server = forkserver.ForkServers.shared.get(sb.python, sb._env("/tmp"))
     assert server is not None, "the fork server did not start"
     return server
 
@@ -182,18 +181,18 @@ def test_a_server_dying_during_a_run_loses_not_the_run(servers, caplog):
 
 
 def test_a_server_that_cannot_start_falls_back_with_a_log_line(servers, monkeypatch, caplog):
-    real = sandbox_module._harness_argv
+    real = forkserver.harness_argv
 
     def broken(python, *args):
         return real(python, *args) if args[0] != "serve" else [python, "-c", "import sys; sys.exit('no server here')"]
 
-    monkeypatch.setattr(sandbox_module, "_harness_argv", broken)
+    monkeypatch.setattr(forkserver, "harness_argv", broken)
     sb = LocalSandbox(LIMITS)
     with caplog.at_level(logging.WARNING, logger="agentrl.sandbox"):
         res = sb.run_tests(ADD, ADD_TESTS, "add")
     assert [t.passed for t in res.tests] == [True, False]
     assert "no fork server" in caplog.text and "no server here" in caplog.text
-    assert sandbox_module._fork_servers.get(sb.python, sb._env("/tmp")) is None  # not retried each run
+    assert forkserver.ForkServers.shared.get(sb.python, sb._env("/tmp")) is None  # not retried each run
 
 
 def test_a_pool_shares_one_server(servers):
@@ -249,7 +248,7 @@ import sandbox as S
 lim = S.Limits(wall_seconds=6, per_test_seconds=3, max_output_bytes=20_000)
 sb, fresh = S.LocalSandbox(lim), S.LocalSandbox(lim, fork_server=False)
 out = {"method": sb.isolation.method, "fork_server": sb.fork_server, "same": {}, "reached": {}}
-server = S._fork_servers.get(sb.python, sb._env("/tmp"))
+server = S.forkserver.ForkServers.shared.get(sb.python, sb._env("/tmp"))
 out["server"] = server is not None
 tests = [S.TestCase("t0", "assert add(2, 3) == 5"), S.TestCase("t1", "assert add(2, 2) == 5")]
 add = "def add(a, b):\n    return a + b\n"
@@ -279,7 +278,7 @@ flood = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60
 before = ours()
 sb.run_program(flood)
 time.sleep(0.2)
-out["server_alive"] = server.alive() and S._fork_servers.get(sb.python, sb._env("/tmp")) is server
+out["server_alive"] = server.alive() and S.forkserver.ForkServers.shared.get(sb.python, sb._env("/tmp")) is server
 out["left"] = sorted(ours() - before - {server.pid})  # what the flood's run left behind (its detached child)
 print(json.dumps(out))
 """

@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.verify import sandbox as sandbox_module
-from agentrl.verify.sandbox import Limits, LocalSandbox, SandboxPool, TestCase, probe_capabilities
+from agentrl.verify.sandbox import Limits, LocalSandbox, SandboxPool, TestCase, capabilities, probe_capabilities
 
 CAPS = probe_capabilities()
 needs_view = pytest.mark.skipif(
@@ -227,7 +226,7 @@ def test_no_preexec_fn_in_a_thread_pool(monkeypatch):
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(subprocess, "Popen", Recording)
-    monkeypatch.setattr(sandbox_module, "_caps", None)  # probe again, through the recording Popen
+    monkeypatch.setattr(capabilities, "_caps", None)  # probe again, through the recording Popen
     # fresh launchers, one Popen each (the fork server's path: tests/test_sandbox_forkserver.py)
     sb = LocalSandbox(LIMITS, fork_server=False)
     prog = "def f(x):\n    return x + 1\n"

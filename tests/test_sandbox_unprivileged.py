@@ -1,8 +1,8 @@
 """The sandbox as most people run it: as an ordinary user, not root.
 
 CI runs as root, so these tests drop to a throwaway uid in a subprocess (on a user's machine they
-run as that user). That process drives a copy of the sandbox (`sandbox.py` and `_harness.py` use
-the standard library only) with an interpreter the throwaway uid can read: root's own may live
+run as that user). That process drives a copy of the sandbox package (`agentrl/verify/sandbox/`
+uses the standard library and relative imports only) with an interpreter the throwaway uid can read: root's own may live
 under ``/root`` (pyenv), which no other uid can open.
 
 Each hostile candidate is a HumanEval/53-style ``add(x, y)`` that returns ``x + y`` only if its
@@ -113,9 +113,9 @@ class OrdinaryUser:
         for d in (self.home, self.checkout, self.shared):
             d.mkdir()
         os.chmod(self.shared, 0o1777)
-        for f in ("sandbox.py", "_harness.py"):
-            shutil.copy(REPO / "agentrl" / "verify" / f, self.checkout / f)
-        for p in [self.checkout, *self.checkout.iterdir()]:
+        shutil.copytree(REPO / "agentrl" / "verify" / "sandbox", self.checkout / "sandbox",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        for p in [self.checkout, *self.checkout.rglob("*")]:
             os.chmod(p, 0o755 if p.is_dir() else 0o644)
         (self.home / "secret.txt").write_text("the user's own files\n")
         if ROOT:
@@ -188,7 +188,7 @@ def attacked(user):
         "candidate": CANDIDATE,
         "secrets": {
             "home_secret": str(user.home / "secret.txt"),
-            "checkout_file": str(user.checkout / "sandbox.py"),
+            "checkout_file": str(user.checkout / "sandbox" / "__init__.py"),
             "site_entries": _site_entries(user.python),
             "write_dir": str(user.shared),
             "port": tcp.getsockname()[1],

@@ -101,15 +101,15 @@ def test_the_trainer_scores_each_action_on_the_context_it_was_sampled_from(trimm
 
     trainer = Trainer(trimming_config(trimming_model, tmp_path / "run"))
     assert trainer.policy.chat.history == "template"  # chosen by the probe conversation, not by a flag
-    episodes, metrics = trainer.collect(1)
+    episodes, metrics = trainer.collector.collect(1)
     assert metrics["rollout/segmented_frac"] > 0.5, [e.num_turns for e in episodes]
     batch = make_batch(episodes, trainer.policy.chat.pad_id)
-    scored = trainer._score(batch, trainer._learner(), None)
+    scored = trainer.learner.score(batch, trainer.learner.scorer(), None)
     mask = batch.action_mask > 0
     # the engine sampled each action on its segment's context: its log-probs are the trainer's
     assert torch.allclose(scored[mask], batch.behaviour_logp[mask], atol=1e-4)
     # the oracle by hand: a forward over each segment, the log-softmax at each action token
-    model = trainer._learner()
+    model = trainer.learner.scorer()
     for ep_row, ep in enumerate(batch.episodes):
         for ids, src in ep.segments():
             with torch.no_grad():
@@ -121,12 +121,12 @@ def test_the_trainer_scores_each_action_on_the_context_it_was_sampled_from(trimm
     # scoring the appended layout instead gives other numbers: the check above can fail
     appended = batch.with_(episodes=[Episode(e.prompt_ids, [Turn(**{**t.__dict__, "segment_context": None})
                                                             for t in e.turns]) for e in batch.episodes])
-    wrong = trainer._score(appended, trainer._learner(), None)
+    wrong = trainer.learner.score(appended, trainer.learner.scorer(), None)
     assert not torch.allclose(wrong[mask], batch.behaviour_logp[mask], atol=1e-3)
     # and the loss trains on the segments: one row per segment, a finite step
     credit = Credit(advantages=batch.action_mask * torch.linspace(-1, 1, batch.size)[:, None],
                     row_weight=torch.ones(batch.size))
-    out = trainer.optimize(batch.with_(ref_logp=scored), credit)
+    out = trainer.learner.optimize(batch.with_(ref_logp=scored), credit)
     assert out["train/trained_episodes"] == batch.size
     assert out["train/segments"] == sum(len(e.segments()) for e in episodes) > batch.size
     assert torch.isfinite(torch.tensor(out["train/grad_norm"]))

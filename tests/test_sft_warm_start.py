@@ -94,7 +94,8 @@ class Said(SilentMonitor):
 
 @pytest.mark.parametrize("planted,expect", [(0.0, "at the floor"), (1.0, "at the ceiling"), (0.5, None)])
 def test_the_trainer_warns_before_rl_on_a_planted_warm_start(tmp_path, vault_policy_dir, planted, expect):
-    from agentrl.trainer import EvalResult, Trainer
+    from agentrl.evaluation import EvalResult
+    from agentrl.trainer import Trainer
 
     cfg = TrainConfig(env={"id": "agentrl/Vault-v0", "kwargs": {"locks": 1}}, updates=0, tiny=MICRO,
                       eval={"episodes": 4, "every": 0}, rollout={"groups": 1, "group_size": 2},

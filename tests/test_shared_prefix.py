@@ -117,14 +117,14 @@ def test_the_trainer_shares_prompts_and_trains_as_without(tmp_path, vault_policy
     for share in (False, True):
         trainer = Trainer(small_config(tmp_path / str(share), vault_policy_dir, seed=3,
                                        optim={"lr": 1e-2, "minibatches": 1, "share_prefix": share}))
-        episodes, _ = trainer.collect(1)
+        episodes, _ = trainer.collector.collect(1)
         batch = make_batch(episodes, trainer.policy.chat.pad_id)
-        batch = batch.with_(ref_logp=trainer.reference_logp(batch))
+        batch = batch.with_(ref_logp=trainer.learner.reference_logp(batch))
         credit = trainer.assigner.assign(batch, trainer.assigner.fit(batch))
         seen: list[list[torch.Tensor]] = []
-        trainer.optimizer.step = lambda seen=seen, params=trainer.trainable: seen.append(
+        trainer.learner.optimizer.step = lambda seen=seen, params=trainer.learner.trainable: seen.append(
             [p.grad.clone() for p in params])
-        outs.append(trainer.optimize(batch, credit))
+        outs.append(trainer.learner.optimize(batch, credit))
         grads.append(seen[0])
     # by hand: each distinct prompt of n rows and p tokens runs its first p - 1 tokens once instead of n times
     starts = batch.action_mask.float().argmax(1).tolist()

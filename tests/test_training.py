@@ -13,7 +13,7 @@ from agentrl.trainer import Trainer
 
 
 def _episodes(trainer: Trainer):
-    episodes, _ = trainer.collect(1)
+    episodes, _ = trainer.collector.collect(1)
     return episodes
 
 
@@ -41,13 +41,13 @@ def test_micro_batched_gradient_equals_the_whole_minibatch(tmp_path, vault_polic
                                        loss={"agg": agg, "kl_coef": 0.1, "entropy_coef": 0.01},
                                        optim={"lr": 1e-2, "minibatches": 1, "micro_batch_tokens": budget}))
         batch = make_batch(_episodes(trainer), trainer.policy.chat.pad_id)
-        batch = batch.with_(ref_logp=trainer.reference_logp(batch))
+        batch = batch.with_(ref_logp=trainer.learner.reference_logp(batch))
         credit = trainer.assigner.assign(batch, trainer.assigner.fit(batch))
         seen: list[list[torch.Tensor]] = []
         # record, do not step
-        trainer.optimizer.step = lambda seen=seen, params=trainer.trainable: seen.append(
+        trainer.learner.optimizer.step = lambda seen=seen, params=trainer.learner.trainable: seen.append(
             [p.grad.clone() for p in params])
-        out = trainer.optimize(batch, credit)
+        out = trainer.learner.optimize(batch, credit)
         grads.append(seen[0])
         if budget == 1:
             assert out["train/padding_frac"] == 0.0  # each episode alone: no padding at all
@@ -60,13 +60,13 @@ def test_lora_trains_adapters_only_against_the_base_model(tmp_path, vault_policy
     base = Policy.load(vault_policy_dir).model
     before = {k: v.clone() for k, v in base.state_dict().items()}
     trainer = Trainer(cfg)
-    assert trainer.reference is None  # no second copy of the weights
+    assert trainer.learner.reference is None  # no second copy of the weights
     adapters = {n: p.detach().clone() for n, p in trainer.policy.model.named_parameters() if p.requires_grad}
     assert adapters and all("lora_" in n for n in adapters)
 
     batch = make_batch(_episodes(trainer), trainer.policy.chat.pad_id)
-    batch = batch.with_(ref_logp=trainer.reference_logp(batch))
-    trainer.optimize(batch, trainer.assigner.assign(batch, trainer.assigner.fit(batch)))
+    batch = batch.with_(ref_logp=trainer.learner.reference_logp(batch))
+    trainer.learner.optimize(batch, trainer.assigner.assign(batch, trainer.assigner.fit(batch)))
     moved = [n for n, p in trainer.policy.model.named_parameters() if p.requires_grad
              and not torch.equal(p, adapters[n])]
     assert moved
@@ -74,7 +74,7 @@ def test_lora_trains_adapters_only_against_the_base_model(tmp_path, vault_policy
     with torch.inference_mode():
         # the reference is read at actions only
         expect = token_stats(base, batch.input_ids, batch.attention_mask).logp * batch.action_mask
-    torch.testing.assert_close(trainer.reference_logp(batch), expect, rtol=0, atol=1e-5)
+    torch.testing.assert_close(trainer.learner.reference_logp(batch), expect, rtol=0, atol=1e-5)
     trainer.train()
 
     ckpt = tmp_path / "run" / "checkpoint"

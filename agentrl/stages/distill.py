@@ -70,7 +70,7 @@ def rejection_sample(cfg: TrainConfig, teacher: Policy, rej: RejectionConfig,
                      say: Callable[[str], None] | None = None) -> tuple[list[Episode], dict[str, int]]:
     """The teacher's best passing episode of each of `rej.tasks` training tasks (`best_of_k` over `rej.k`
     samples each) and the counts. Tasks come from a stream seeded by `cfg.seed`, below the held-out seeds."""
-    from agentrl.trainer import make_engine, progress
+    from agentrl.evaluation import make_engine, progress
 
     rng = np.random.default_rng(cfg.seed + REJECTION_SEEDS)
     task_seeds = rng.integers(0, cfg.eval.seed_offset, size=rej.tasks).tolist()
@@ -146,7 +146,7 @@ def run_rejection(cfg: TrainConfig, rej: RejectionConfig, out: str | Path,
     """`agentrl distill --mode rejection`: sample the teacher (`cfg.teacher`), keep the best passing episode of
     each task, write them to `out/data.jsonl`, fine-tune the student on them (`sft_on_file`) into `out`, and return
     the record written to `out/rejection.json` (counts, seconds, held-out pass rate)."""
-    from agentrl.trainer import resolve_device
+    from agentrl.evaluation import resolve_device
 
     say = say or agentrl_log.say(__name__)
     if cfg.teacher is None:
@@ -183,9 +183,9 @@ def sft_on_file(cfg: TrainConfig, data: Path, out: Path, say: Callable[[str], No
     (laid out with the environment's system prompt and tools, as its rollouts are), `cfg.sft`'s epochs, rate
     and batch; the student saved to `out` and evaluated on the held-out seeds. Returns (held-out result, SFT's
     metrics)."""
+    from agentrl.evaluation import evaluate
     from agentrl.stages.data import load_conversations, to_episode
     from agentrl.stages.sft import progress_lines, sft
-    from agentrl.trainer import evaluate
 
     policy = Policy.load(cfg.model, tool_format=cfg.tool_format)
     env = make(cfg.env.id, **cfg.env.kwargs)

@@ -18,14 +18,12 @@ import os
 import shlex
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from agentrl.verify.sandbox import Isolation, Limits, RunResult, SandboxError, TestCase, TestOutcome, TestRunResult
+from agentrl.verify.sandbox.harness import SOURCE as _HARNESS  # the harness program, uploaded as one script
 
 __all__ = ["E2BSandbox"]
-
-_HARNESS = Path(__file__).with_name("_harness.py").read_text()
 
 # Runs inside the VM: start worker and judge connected by pipes, print the judge's report.
 _DRIVER = r"""
