@@ -89,6 +89,7 @@ def main() -> None:
     ap.add_argument("--sft-epochs", type=int, default=2, help="rejection arm: SFT epochs on the kept episodes")
     ap.add_argument("--sft-lr", type=float, default=1e-3, help="rejection arm: SFT's peak rate on the kept episodes")
     ap.add_argument("--out", help="folder for the runs (default: a temporary one)")
+    ap.add_argument("--results", help="write the JSON here instead of results/distill.json (a supplementary run)")
     args = ap.parse_args()
     if args.quick:
         args.updates, args.seeds, args.eval_episodes = 2, [0], 16
@@ -116,7 +117,7 @@ def main() -> None:
                      "stdev": round(statistics.stdev(v), 4) if len(v) > 1 else None} for arm, v in by_arm.items()}
     grpo, on_policy = by_arm.get("grpo"), by_arm.get("on-policy")
     ratio = statistics.mean(on_policy) / statistics.mean(grpo) if grpo and on_policy and statistics.mean(grpo) else None
-    report("distill", {
+    result = {
         "teacher": {"dir": Path(teacher).name, "sft": {"noise": 0.0, "episodes": 3000, "epochs": 4}},
         "student": {"dir": Path(student).name, "sft": {"noise": 0.0, "episodes": args.student_episodes,
                                                        "epochs": args.student_epochs}},
@@ -124,7 +125,9 @@ def main() -> None:
                                "episodes": args.updates * args.groups * args.group_size,
                                "eval_episodes": args.eval_episodes},
         "runs": runs, "final_pass_rate_by_arm": summary, "ratio": round(ratio, 4) if ratio is not None else None,
-    }, quick=args.quick)
+    }
+    report("distill", result, quick=args.quick, path=args.results,
+           summary={k: result[k] for k in ("env", "budget", "final_pass_rate_by_arm", "ratio")})
 
 
 if __name__ == "__main__":
