@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import parser, report
+from benchlib import parser, report, save
 
 from agentrl.config import RejectionConfig, SFTConfig, TrainConfig
 from agentrl.evaluation import evaluate
@@ -110,6 +110,7 @@ def main() -> None:
                 credit = {"grpo": None, "on-policy": {}, "on-policy+grpo": {"reward_weight": 1.0}}[arm]
                 got = rl_run(cfg if credit is None else on_policy_config(cfg, **credit))
             runs.append({"arm": arm, "seed": seed, **got})
+            save("distill", {"env": ENV, "runs": runs, "partial": True}, quick=args.quick, path=args.results)
             say(f"   {arm} seed {seed}: {got['warm_start_pass_rate']:.3f} -> {got['final_pass_rate']:.3f} "
                 f"({got['seconds']:.0f}s)")
     by_arm = {arm: [r["final_pass_rate"] for r in runs if r["arm"] == arm] for arm in args.arms}
