@@ -22,8 +22,15 @@ NEEDS: dict[str, tuple[str, str]] = {
 }
 
 
+# doctests whose examples run programs in the real sandbox (the `sandbox` marker); the tests that do are
+# marked by tests/conftest.py and tests/verify/sandbox/conftest.py
+SANDBOX_DOCTESTS = {"agentrl.verify.sandbox", "agentrl.verify.sandbox.SandboxPool", "agentrl.verify.code"}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
+        if isinstance(item, pytest.DoctestItem) and item.name in SANDBOX_DOCTESTS:
+            item.add_marker(pytest.mark.sandbox)
         if not isinstance(item, pytest.DoctestItem) or item.name not in NEEDS:
             continue
         package, how = NEEDS[item.name]

@@ -19,7 +19,7 @@ import numpy as np
 from agentrl.config import TrainConfig
 from agentrl.core import Episode
 from agentrl.distributed import Ranks
-from agentrl.health import Knobs
+from agentrl.health.interventions import Knobs
 from agentrl.rollout import rollout
 from agentrl.store import TrajectoryStore
 
@@ -147,6 +147,31 @@ class Collector:
                      "template would not give it at inference (docs/models.md)")
 
 
+def agent_runner(cfg: TrainConfig) -> Any:
+    """The gateway and the user's agent for a run with `cfg.agent` (agentrl.gateway.agent); close it after."""
+    from agentrl.gateway.agent import Agent, AgentRunner
+
+    return AgentRunner(Agent(cfg.agent, heldout_count=cfg.eval.episodes, seed_offset=cfg.eval.seed_offset))
+
+
+def sources(cfg: TrainConfig, ranks: Ranks, runner: Any, say: Any) -> tuple[Any, list[Any]]:
+    """Where this rank's episodes come from: `runner` if given, the gateway and the user's agent with `cfg.agent`,
+    else copies of the env, one per row of this rank's groups. Says which, and how policy-written code is held."""
+    from agentrl.registry import make
+    from agentrl.verify.sandbox import isolation_of
+
+    runner = runner or (agent_runner(cfg) if cfg.agent else None)
+    if runner is not None:
+        name = f"agent:{cfg.agent.entry}" if cfg.agent is not None else getattr(runner, "name", None) or cfg.env.id
+        say(f"{name}: calls the policy through the gateway at {runner.base_url} (docs/gateway.md)")
+        return runner, []
+    lo, hi = ranks.block(cfg.rollout.groups)  # this rank's groups of every update
+    envs = [make(cfg.env.id, **cfg.env.kwargs) for _ in range((hi - lo) * cfg.rollout.group_size)]
+    if (iso := isolation_of(envs[0])) is not None:  # policy-written code runs: say how it is held
+        say(iso.summary() + "".join(f"\n  {r}" for r in iso.reasons))
+    return None, envs
+
+
 def raise_on_errors(episodes: list[Episode], saved: Path | None) -> None:
     errored = [e for e in episodes if e.error]
     if errored:
@@ -179,4 +204,4 @@ def _groups(episodes: list[Episode]) -> list[list[Episode]]:
     return list(out.values())
 
 
-__all__ = ["Collector", "EpisodeErrors", "raise_on_errors", "rollout_metrics"]
+__all__ = ["Collector", "EpisodeErrors", "raise_on_errors", "rollout_metrics", "sources", "agent_runner"]

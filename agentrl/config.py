@@ -42,7 +42,7 @@ from tyro.conf import Suppress, arg  # the command line's generator: how a field
 
 from agentrl.algorithms import CreditConfig, get_spec
 from agentrl.engines import get_engine_spec
-from agentrl.health import HealthConfig
+from agentrl.health.config import HealthConfig
 
 # Presets fill in fields the user did not set (docs/algorithms.md, "Presets").
 PRESETS: dict[str, dict[str, Any]] = {

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -153,4 +154,40 @@ class Ranks:
             yield
 
 
-__all__ = ["RankError", "Ranks", "launched"]
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:  # the kernel's pick; two runs on one machine must not share a rendezvous port
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch_command(n: int, module_args: Sequence[str]) -> list[str]:
+    """The accelerate launcher's command line that runs `python -m agentrl <module_args>` in `n` processes."""
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(n),
+            "--num_machines", "1", "--main_process_port", str(_free_port()), "--mixed_precision", "no",
+            "--dynamo_backend", "no", "-m", "agentrl", *module_args]
+
+
+def launch(n: int, module_args: Sequence[str]) -> int:
+    """Run `python -m agentrl <module_args>` in n processes through accelerate's launcher and wait for its exit
+    status: Ctrl-C reaches every rank (they finish the update and save a checkpoint), SIGTERM is passed on to
+    the launcher, which passes it to the ranks."""
+    import signal
+    import subprocess
+
+    cmd = launch_command(n, module_args)
+    print(f"starting {n} processes: {' '.join(cmd[1:])}", file=sys.stderr)
+    proc = subprocess.Popen(cmd)
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: proc.send_signal(signum))
+    try:
+        while True:
+            try:
+                return proc.wait()
+            except KeyboardInterrupt:  # the ranks got it too (one process group): wait for their checkpoint
+                continue
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+__all__ = ["RankError", "Ranks", "launch", "launch_command", "launched"]

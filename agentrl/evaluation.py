@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentrl.collector import raise_on_errors
+from agentrl.collector import agent_runner, raise_on_errors
 from agentrl.config import SamplingConfig, TrainConfig
 from agentrl.core import Episode
 from agentrl.distributed import Ranks
@@ -79,13 +79,6 @@ def _has_split(env_id: str, kwargs_json: str) -> bool:
 def eval_sampling(cfg: TrainConfig) -> SamplingConfig:
     """Held-out sampling: the run's, at the fixed `eval.temperature`."""
     return cfg.rollout.sampling.model_copy(update={"temperature": cfg.eval.temperature})
-
-
-def agent_runner(cfg: TrainConfig) -> Any:
-    """The gateway and the user's agent for a run with `cfg.agent` (agentrl.gateway.agent); close it after."""
-    from agentrl.gateway.agent import Agent, AgentRunner
-
-    return AgentRunner(Agent(cfg.agent, heldout_count=cfg.eval.episodes, seed_offset=cfg.eval.seed_offset))
 
 
 def evaluate(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig | None, max_context: int,
@@ -151,5 +144,5 @@ def progress(what: str, say: Callable[[str], None] | None = None, after: float =
 
 
 
-__all__ = ["EvalResult", "agent_runner", "eval_sampling", "evaluate", "heldout_env_kwargs", "make_engine", "progress",
+__all__ = ["EvalResult", "eval_sampling", "evaluate", "heldout_env_kwargs", "make_engine", "progress",
            "resolve_device"]

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.pages import figure, page, png, pyplot
-from agentrl.probe import BakeoffRun, ProbeResult
+from agentrl.probe.bakeoff import BakeoffRun
+from agentrl.probe.result import ProbeResult
 
 # (label, field of ProbeStats, format) in the order the console, the markdown and the page show them
 STAT_ROWS: list[tuple[str, str, str]] = [

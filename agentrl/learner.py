@@ -30,7 +30,7 @@ import torch
 from agentrl.config import LossConfig, TrainConfig
 from agentrl.credit import Credit
 from agentrl.distributed import Ranks
-from agentrl.health import Knobs
+from agentrl.health.interventions import Knobs
 from agentrl.loss import policy_loss
 from agentrl.mismatch import capped_ratio, correction, loss_terms
 from agentrl.mismatch import stats as mismatch_stats

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from agentrl.config import Aggregation, LossConfig  # noqa: F401 (re-exported)
+from agentrl.config import Aggregation, LossConfig
 
 
 def aggregate(x: torch.Tensor, mask: torch.Tensor, mode: Aggregation, max_len: int = 512) -> torch.Tensor:

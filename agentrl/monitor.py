@@ -40,7 +40,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from agentrl.health import ALARMS
+from agentrl.health.alarms import ALARMS
 
 # (header, metric key, format); the first four and the last follow docs/algorithms.md's dashboard
 COLUMNS = [

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from agentrl.chat.layout import ChatFormat  # noqa: F401 (re-exported: where it lived before agentrl.chat)
-from agentrl.config import TinyModelConfig  # noqa: F401 (re-exported)
+from agentrl.chat.layout import ChatFormat
+from agentrl.config import TinyModelConfig
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]

@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import read_yaml
-from agentrl.health import ALARMS, ENTROPY_COLLAPSE, KL_DRIFT, HealthConfig, alarm_spans, replay, series
+from agentrl.health.alarms import ALARMS, ENTROPY_COLLAPSE, KL_DRIFT, alarm_spans, replay
+from agentrl.health.config import HealthConfig
+from agentrl.health.series import series
 from agentrl.pages import figure, page, png, pyplot, table
 
 Row = dict[str, Any]

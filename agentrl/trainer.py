@@ -38,22 +38,22 @@ import torch
 from agentrl import run_state
 from agentrl.ahead import RolloutAhead
 from agentrl.algorithms import get_spec
-from agentrl.collector import Collector
+from agentrl.collector import Collector, sources
 from agentrl.config import TrainConfig
 from agentrl.core import Episode
 from agentrl.credit import Credit, set_options
 from agentrl.distributed import Ranks
 from agentrl.engines import get_engine_spec
-from agentrl.evaluation import EvalResult, agent_runner, eval_sampling, evaluate, make_engine, resolve_device
-from agentrl.health import Action, Knobs, check, plan, stops, warm_start_advice
+from agentrl.evaluation import EvalResult, eval_sampling, evaluate, make_engine, resolve_device
+from agentrl.health.alarms import check, stops
+from agentrl.health.interventions import Action, Knobs, plan
+from agentrl.health.warm_start import warm_start_advice
 from agentrl.learner import Learner, is_weight, nothing_to_train
 from agentrl.monitor import Monitor
 from agentrl.policy import Policy
-from agentrl.registry import make
 from agentrl.run_folder import CHECKPOINTS, RunFolder, distributed_kind, read_json, refuse_sharded
 from agentrl.store import TurnBatch, make_batch
 from agentrl.teacher import token_level_teacher
-from agentrl.verify.sandbox import isolation_of
 from agentrl.workers import make_pool
 
 PHASE_LOG = "AGENTRL_PHASE_LOG"  # env var: a file the loop appends its phases to (module docstring)
@@ -84,15 +84,12 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, monitor: Monitor | None = None, start: str | Path | None = None,
                  decisions: dict[str, Any] | None = None, resume: bool = False, overwrite: bool = False,
                  runner: Any = None):
-        """`start` is the policy to begin from when `cfg.model` is None: the tiny policy's warm start,
-        built by stage one (`agentrl.stages.warm_start.warm_start`) before the loop, as
-        `agentrl.stages.pipeline.train` does.
-        `decisions` is what was decided before the run (e.g. `--algo auto`'s pick, rule and statistics):
-        written into config.yaml's header and summary.json. `resume` continues the run in `cfg.out` from
-        its newest checkpoint that verifies (`cfg` must be the run's own config); `overwrite` first
-        removes a previous run's files from `cfg.out`. A folder that holds a run is refused otherwise. `runner`: where
-        episodes come from instead of the env (`serve-policy`'s `agentrl.gateway.remote.RemoteRunner`); with
-        `cfg.agent`, the gateway's in-process runner is built here."""
+        """`start`: the policy to begin from when `cfg.model` is None (the tiny policy's warm start, which
+        `agentrl.stages.pipeline.train` builds first). `decisions`: what was decided before the run (`--algo auto`'s
+        pick), written into config.yaml's header and summary.json. `resume` continues the run in `cfg.out` from its
+        newest checkpoint that verifies; `overwrite` first removes a previous run's files (a folder holding a run is
+        refused otherwise). `runner`: where episodes come from instead of the env (`serve-policy`'s
+        `RemoteRunner`); with `cfg.agent`, the gateway's runner is built here."""
         from accelerate import Accelerator
 
         # the run's own copy, read and never written: the knobs interventions turn live in self.knobs
@@ -131,17 +128,8 @@ class Trainer:
                                             "sft": read_json(self.warm_start_dir / "warm_start.json")}
         self.max_context = cfg.rollout.max_context or getattr(self.policy.model.config, "max_position_embeddings", 2048)
 
-        # where episodes come from: the env's copies, one per row, or an agent of the user's own through the gateway
         self.spec = get_spec(cfg.algo)
-        lo, hi = ranks.block(cfg.rollout.groups)  # this rank's groups of every update
-        self.runner = runner or (agent_runner(cfg) if cfg.agent else None)
-        self.envs = [] if self.runner is not None else [make(cfg.env.id, **cfg.env.kwargs)
-                                                        for _ in range((hi - lo) * cfg.rollout.group_size)]
-        if self.runner is not None:
-            self.monitor.say(f"{self.source}: calls the policy through the gateway at {self.runner.base_url} "
-                             "(docs/gateway.md)")
-        elif (iso := isolation_of(self.envs[0])) is not None:  # policy-written code runs: say how it is held
-            self.monitor.say(iso.summary() + "".join(f"\n  {r}" for r in iso.reasons))
+        self.runner, self.envs = sources(cfg, ranks, runner, self.monitor.say)
         # what interventions may turn, in one object: the loss, the engine, the assigner and the envs get its values
         self.knobs = Knobs(entropy_coef=cfg.loss.entropy_coef, kl_coef=cfg.loss.kl_coef,
                            temperature=cfg.rollout.sampling.temperature,

@@ -31,8 +31,10 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # per-file bars for 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import parser, report  # noqa: E402
 
+from agentrl.chat.layout import ChatFormat  # noqa: E402
+from agentrl.config import TinyModelConfig  # noqa: E402
 from agentrl.engines import ScriptedEngine  # noqa: E402
-from agentrl.policy import ChatFormat, Policy, TinyModelConfig, build_tiny_policy  # noqa: E402
+from agentrl.policy import Policy, build_tiny_policy
 from agentrl.registry import make  # noqa: E402
 from agentrl.rollout import rollout  # noqa: E402
 from agentrl.stages.sft import expert_texts  # noqa: E402

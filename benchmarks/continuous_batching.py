@@ -16,7 +16,7 @@ fixed by the draw and both sides do exactly the same (checked: equal episodes, e
 
 Both arms use the same engine, which plans each turn over windows of the cache (rows of similar
 length together, `TorchSession._plan`); a third arm, **refill, one window**, is the refill run with
-that planning off (`length_buckets = False`: every forward over the whole batch and the longest
+that planning off (`EngineTuning.length_buckets` False: every forward over the whole batch and the longest
 row's width), as the engine was before. Each arm's process CPU seconds are recorded beside its wall
 time (`cpu_ratio`): on a machine shared with other jobs they move much less than wall time.
 
@@ -44,8 +44,9 @@ import numpy as np
 import torch
 from benchlib import parser, report
 
+from agentrl.config import TinyModelConfig
 from agentrl.engines import SamplingConfig, TorchEngine
-from agentrl.policy import Policy, TinyModelConfig, build_tiny_policy
+from agentrl.policy import Policy, build_tiny_policy
 from agentrl.registry import make
 from agentrl.rollout import rollout
 from agentrl.stages.sft import expert_texts
@@ -61,7 +62,7 @@ def engine_for(policy: Policy, new_tokens: int, windows: bool = True) -> TorchEn
     chat = policy.chat
     engine = TorchEngine(policy.model, SamplingConfig(temperature=0.0, max_new_tokens=new_tokens), stop_ids=[],
                          eos_id=chat.eos_id, pad_id=chat.pad_id, seed=0)
-    engine.length_buckets = windows
+    engine.tune(length_buckets=windows)
     return engine
 
 

@@ -27,7 +27,8 @@ from typing import Any
 from benchlib import parser, report
 
 from agentrl.config import TrainConfig
-from agentrl.health import ENTROPY_COLLAPSE, early_level, series
+from agentrl.health import ENTROPY_COLLAPSE
+from agentrl.health.series import early_level, series
 from agentrl.report import read_metrics, write_report
 from agentrl.stages.pipeline import train
 

@@ -38,7 +38,7 @@ from calc_agent import TOOLS, tasks  # noqa: E402
 
 from agentrl.config import AgentConfig, SamplingConfig, SFTConfig, TinyModelConfig, TrainConfig  # noqa: E402
 from agentrl.core import AgentEnv  # noqa: E402
-from agentrl.engines.torch_engine import for_policy  # noqa: E402
+from agentrl.engines.torch import for_policy  # noqa: E402
 from agentrl.gateway import Agent, AgentRunner  # noqa: E402
 from agentrl.policy import Policy  # noqa: E402
 from agentrl.rollout import rollout  # noqa: E402

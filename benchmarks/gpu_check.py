@@ -15,7 +15,7 @@ tokenizer). Sections, in order, each with its settings, seconds and figures in t
                      trainable parameter moved
     tiny-run         `agentrl train --device cuda --updates 3` (the CLI, in this process) on agentrl's
                      tiny untrained policy: each update's loss finite, the checkpoint's weights moved
-    vllm-tests       tests/test_vllm_engine.py on the GPU (log-probs against torch, weight sync)
+    vllm-tests       tests/engines/test_vllm_engine.py on the GPU (log-probs against torch, weight sync)
     vllm-two-ranks   the vllm engine as 2 data-parallel ranks (accelerate launch, 2 GPUs): each of the
                      3 steps written once
     vllm-rollout:M   the rollout of rollout-bf16:M with the vllm engine; ratio against the torch engine
@@ -226,8 +226,8 @@ def sections(ck: Check) -> list[Section]:
                                     "env": "Parity"},
                        partial(tiny_run, ck), 120))
     # the processes of their own first: the vLLM engines started in this process keep their share of the GPU
-    out.append(Section("vllm-tests", {"command": "pytest tests/test_vllm_engine.py"}, partial(vllm_tests, ck), 120,
-                       ck.no_vllm))
+    out.append(Section("vllm-tests", {"command": "pytest tests/engines/test_vllm_engine.py"}, partial(vllm_tests, ck),
+                       120, ck.no_vllm))
     out.append(Section("vllm-two-ranks", {"command": "accelerate launch --num_processes 2 -m agentrl train "
                                           "--engine vllm", "updates": 3},
                        partial(vllm_two_ranks, ck), 180, partial(ck.no_vllm, ranks=2)))
@@ -477,7 +477,7 @@ def tiny_run(ck: Check) -> dict[str, Any]:
 
 def vllm_tests(ck: Check) -> dict[str, Any]:
     free(ck.device)
-    cmd = [sys.executable, "-m", "pytest", "tests/test_vllm_engine.py", "-q", "-rs", "-p", "no:cacheprovider"]
+    cmd = [sys.executable, "-m", "pytest", "tests/engines/test_vllm_engine.py", "-q", "-rs", "-p", "no:cacheprovider"]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=110)
     tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
     if done.returncode:

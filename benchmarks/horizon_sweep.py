@@ -113,8 +113,7 @@ FAMILIES = {
 def train_config(env_id: str, env_kw: dict, demos: int, batch: int, noise: float, args: dict) -> Any:
     """One horizon's TrainConfig (its warm start's SFT and the runs' budget) from the sweep's arguments
     (`vars(args)`, or a sweep.json's "args"): benchmarks/probe_vs_sweep.py rebuilds warm starts with it."""
-    from agentrl.config import TrainConfig
-    from agentrl.policy import TinyModelConfig
+    from agentrl.config import TinyModelConfig, TrainConfig
 
     return TrainConfig(env={"id": env_id, "kwargs": env_kw}, tiny=TinyModelConfig(max_position_embeddings=2048),
                        sft={"episodes": demos, "epochs": 4, "noise": noise, "batch_size": batch},
@@ -202,10 +201,10 @@ def main() -> None:
     from rich.console import Console
 
     import agentrl.adapters.textarena_games  # noqa: F401  (registers the TA- ids)
-    from agentrl.config import TrainConfig
+    from agentrl.config import TinyModelConfig, TrainConfig
     from agentrl.evaluation import evaluate
     from agentrl.monitor import Monitor
-    from agentrl.policy import Policy, TinyModelConfig
+    from agentrl.policy import Policy
     from agentrl.stages.warm_start import warm_start
     from agentrl.trainer import Trainer
 

@@ -21,9 +21,10 @@ from collections.abc import Sequence
 import torch
 from benchlib import parser, report
 
+from agentrl.config import TinyModelConfig
 from agentrl.engines import SamplingConfig, ScriptedEngine, TorchEngine
-from agentrl.engines.torch_engine import TorchSession
-from agentrl.policy import Policy, TinyModelConfig, build_tiny_policy
+from agentrl.engines.torch import TorchSession
+from agentrl.policy import Policy, build_tiny_policy
 from agentrl.registry import make
 from agentrl.rollout import rollout
 from agentrl.stages.sft import expert_texts

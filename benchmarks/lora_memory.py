@@ -103,7 +103,8 @@ def main() -> None:
     if args.model:
         return worker(args)
 
-    from agentrl.policy import TinyModelConfig, build_tiny_policy
+    from agentrl.config import TinyModelConfig
+    from agentrl.policy import build_tiny_policy
     from agentrl.registry import make
     from agentrl.stages.sft import expert_texts
 

@@ -67,8 +67,11 @@ import numpy as np
 import torch
 from benchlib import parser, report
 
-from agentrl.engines import SamplingConfig, TorchEngine, torch_engine
-from agentrl.policy import ChatFormat, Policy, TinyModelConfig, build_tiny_policy
+from agentrl.chat.layout import ChatFormat
+from agentrl.config import TinyModelConfig
+from agentrl.engines import SamplingConfig, TorchEngine
+from agentrl.engines.torch.cpu import attention as engine_attention
+from agentrl.policy import Policy, build_tiny_policy
 from agentrl.registry import make
 from agentrl.rollout import rollout
 from agentrl.stages.sft import expert_texts
@@ -111,7 +114,7 @@ def attention_timed(seconds: dict[str, float], heads: int):
     around a softmax, in fp32). A decode step folds each group's query heads into the query axis, so an SDPA call
     with fewer than the model's `heads` query heads is one too."""
     F = torch.nn.functional
-    own, own_decode = F.scaled_dot_product_attention, torch_engine._decode_attention
+    own, own_decode = F.scaled_dot_product_attention, engine_attention._decode_attention
 
     def timed(query, *args, **kwargs):
         t0 = time.perf_counter()
@@ -126,11 +129,11 @@ def attention_timed(seconds: dict[str, float], heads: int):
         seconds["decode"] = seconds.get("decode", 0.0) + time.perf_counter() - t0
         return out
 
-    F.scaled_dot_product_attention, torch_engine._decode_attention = timed, timed_decode
+    F.scaled_dot_product_attention, engine_attention._decode_attention = timed, timed_decode
     try:
         yield seconds
     finally:
-        F.scaled_dot_product_attention, torch_engine._decode_attention = own, own_decode
+        F.scaled_dot_product_attention, engine_attention._decode_attention = own, own_decode
 
 
 @torch.inference_mode()

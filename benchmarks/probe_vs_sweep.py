@@ -10,7 +10,7 @@ rolls out that horizon's warm start (rebuilt, or found in $AGENTRL_CACHE, with e
 arguments: `horizon_sweep.train_config` and `agentrl.stages.warm_start.warm_start`) at the sweep's knob and
 slack, with thresholds derived from the first sweep (`thresholds_from_sweep`) and the sweep's per-run
 budget. The recommendation agrees when it is the sweep's best assigner at that horizon or one whose mean
-final pass rate lies within the seeds' spread of the best (`agentrl.probe.horizon_spread`).
+final pass rate lies within the seeds' spread of the best (`agentrl.probe.calibration.horizon_spread`).
 
 With the committed sweep (benchmarks/results/horizon_sweep.json) these thresholds are the ones the
 package ships (agentrl/probe/thresholds.json, rewritten by `python -m agentrl.probe calibrate` when
@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import announce, parser, report  # noqa: E402
 from horizon_sweep import ALGOS, FAMILIES, knob_of, train_config  # noqa: E402
 
-from agentrl.probe.calibration import merge_sweeps  # noqa: E402,F401  (the calibration's; kept importable here)
+from agentrl.probe.calibration import merge_sweeps  # noqa: E402
 
 REGRET_FLOOR = 0.005
 
@@ -88,7 +88,8 @@ def probe_sweep(sweep: dict[str, Any], th: Any, groups: int, out: Path, label: s
     out again (they depend on the warm start only, not on the sweep's runs)."""
     from agentrl.horizon_report import write_report
     from agentrl.policy import Policy
-    from agentrl.probe import ProbeStats, probe_env, recommend, summarize_sweep
+    from agentrl.probe import ProbeStats, probe_env, recommend
+    from agentrl.probe.calibration import summarize_sweep
     from agentrl.stages.warm_start import warm_start
 
     family = FAMILIES[sweep.get("family", "vault")]
@@ -247,7 +248,7 @@ def main() -> None:
     }
     full: dict[str, Any] = {**record, "thresholds": th.model_dump(), "holdout_rows": held_rows, "regrets": reg}
     if args.recalibrate:
-        from agentrl.probe import calibration_record
+        from agentrl.probe.calibration import calibration_record
 
         merged = merge_sweeps({str(path): sweep, str(hpath): held})
         merged_path = hpath.with_name(hpath.stem + "_merged_for_calibration.json")

@@ -29,8 +29,7 @@ def main() -> None:
     ap.add_argument("--out", default="runs/recipe-ablation")
     args = ap.parse_args()
 
-    from agentrl.config import TrainConfig
-    from agentrl.stages.dpo import DPOConfig
+    from agentrl.config import DPOConfig, TrainConfig
     from agentrl.stages.pipeline import run_pipeline
 
     G, per_update = 8, 64

@@ -34,8 +34,9 @@ import torch
 from benchlib import parser, report
 from transformers import DynamicCache
 
+from agentrl.config import TinyModelConfig
 from agentrl.engines import SamplingConfig, TorchEngine
-from agentrl.policy import Policy, TinyModelConfig, build_tiny_policy
+from agentrl.policy import Policy, build_tiny_policy
 from agentrl.registry import make
 from agentrl.stages.sft import expert_texts
 

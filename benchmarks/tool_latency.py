@@ -28,9 +28,10 @@ import time
 import torch
 from benchlib import parser, report
 
+from agentrl.config import TinyModelConfig
 from agentrl.engines import SamplingConfig, TorchEngine
 from agentrl.envs.vault import VaultEnv
-from agentrl.policy import Policy, TinyModelConfig, build_tiny_policy
+from agentrl.policy import Policy, build_tiny_policy
 from agentrl.registry import make
 from agentrl.rollout import rollout
 from agentrl.stages.sft import expert_texts

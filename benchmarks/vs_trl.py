@@ -79,7 +79,9 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 from benchlib import parser, report  # noqa: E402
 
-from agentrl.policy import ChatFormat, TinyModelConfig, build_tiny_policy  # noqa: E402
+from agentrl.chat.layout import ChatFormat  # noqa: E402
+from agentrl.config import TinyModelConfig  # noqa: E402
+from agentrl.policy import build_tiny_policy  # noqa: E402
 from agentrl.stages.sft import expert_texts  # noqa: E402
 from examples.custom_env import Arithmetic, call  # noqa: E402
 

@@ -76,8 +76,10 @@ import torch  # noqa: E402
 from benchlib import parser, report  # noqa: E402
 from vs_trl import CLIP_EPS, LR, Turns, take_turns  # noqa: E402
 
+from agentrl.chat.layout import ChatFormat  # noqa: E402
+from agentrl.config import TinyModelConfig  # noqa: E402
 from agentrl.core import AgentEnv  # noqa: E402
-from agentrl.policy import TINY_CHAT_TEMPLATE, ChatFormat, TinyModelConfig, build_tiny_policy  # noqa: E402
+from agentrl.policy import TINY_CHAT_TEMPLATE, build_tiny_policy  # noqa: E402
 from agentrl.registry import make  # noqa: E402
 from agentrl.stages.sft import collect_demos, expert_texts, play_expert, sft  # noqa: E402
 

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 
 from agentrl import cli
 from agentrl.checkpoint import checkpoints, latest, read, verify, write
-from agentrl.config import TrainConfig
+from agentrl.config import TrainConfig, read_yaml
 from agentrl.monitor import Monitor
 from agentrl.run_folder import CHECKPOINTS
 from agentrl.trainer import Trainer
@@ -203,7 +203,7 @@ def test_sigterm_mid_update_leaves_a_resumable_checkpoint(tmp_path, vault_policy
     assert 1 <= done < updates  # the update under way was finished, then saved (every=0: only the signal saves)
     steps = [r["step"] for r in timeless(metrics)]
     assert steps == list(range(done + 1))
-    cfg = TrainConfig.model_validate(cli.read_yaml(run / "config.yaml"))
+    cfg = TrainConfig.model_validate(read_yaml(run / "config.yaml"))
     Trainer(cfg, monitor=quiet_monitor(run, cfg)[0], resume=True).train()
     steps = [r["step"] for r in timeless(metrics) if not r.get("final")]
     assert steps == list(range(updates + 1))
@@ -412,7 +412,7 @@ def test_algo_auto_pick_survives_a_resume_before_the_first_checkpoint(tmp_path, 
             "--rollout.groups", "2", "--rollout.group-size", "2", "--rollout.sampling.max-new-tokens", "8",
             "--rollout.env-workers", "serial", "--eval.episodes", "2"]
     with monkeypatch.context() as m:
-        m.setattr("agentrl.cli._probe_for_auto", probe)
+        m.setattr("agentrl.cli.training._probe_for_auto", probe)
         m.setattr(Trainer, "train", killed_at_start)
         with pytest.raises(Killed):
             cli.main([*argv, "--algo", "auto"])

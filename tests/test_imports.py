@@ -129,7 +129,7 @@ def test_circles_are_found_by_hand_made_graphs():
 
 def test_the_walk_sees_the_package_under_its_shipped_names():
     edges = graph()
-    assert "agentrl.core" in edges and "agentrl.registry" in edges["agentrl.cli"]
+    assert "agentrl.core" in edges and "agentrl.registry" in edges["agentrl.cli.flags"]
     assert "agentrl.envs.code" in edges and "agentrl.algorithms.grpo" in edges  # envs/, algorithms/
     assert "agentrl.credit" in edges["agentrl.algorithms.grpo"]
     assert not any(name.startswith(("envs", "algorithms")) for name in edges)

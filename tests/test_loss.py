@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from agentrl.loss import LossConfig, aggregate, k3_kl, policy_loss
+from agentrl.config import LossConfig
+from agentrl.loss import aggregate, k3_kl, policy_loss
 
 
 def lp(*ratios):

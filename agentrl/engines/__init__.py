@@ -51,21 +51,23 @@ def get_engine_spec(name: str) -> EngineSpec:
     return lookup(ENGINES, name, what="engine")
 
 
-register_engine(EngineSpec("torch", "agentrl.engines.torch_engine:for_policy", returns_hidden=True, syncs_weights=False,
+register_engine(EngineSpec("torch", "agentrl.engines.torch:for_policy", returns_hidden=True, syncs_weights=False,
                            description="transformers forward, one batched step per token, each row's KV cache kept "
                            "across turns"))
 register_engine(EngineSpec("vllm", "agentrl.engines.vllm_engine:for_policy", returns_hidden=False, syncs_weights=True,
                            needs_cuda=True, description="vllm.LLM with prefix caching; weights pushed after every "
                            "update ([vllm] extra, GPU)"))
 
-_LAZY = {"Engine": "base", "Generation": "base", "ScriptedEngine": "base", "Session": "base", "SamplingConfig": "base",
-         "TorchEngine": "torch_engine", "VLLMEngine": "vllm_engine"}
+_LAZY = {"Engine": "base", "Generation": "base", "ScriptedEngine": "base", "Session": "base",
+         "TorchEngine": "torch", "VLLMEngine": "vllm_engine"}
 
 
 def __getattr__(name: str) -> Any:  # the engines themselves import torch: load them when first asked for
+    if name == "SamplingConfig":  # what an engine samples with: the config's, named here where engines are made
+        return importlib.import_module("agentrl.config").SamplingConfig
     if name in _LAZY:
         return getattr(importlib.import_module(f"agentrl.engines.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'agentrl.engines' has no attribute {name!r}")
 
 
-__all__ = ["ENGINES", "EngineSpec", "get_engine_spec", "register_engine", *_LAZY]
+__all__ = ["ENGINES", "EngineSpec", "SamplingConfig", "get_engine_spec", "register_engine", *_LAZY]

@@ -12,8 +12,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from agentrl.config import SamplingConfig  # noqa: F401 (re-exported)
-
 FinishReason = Literal["stop", "eos", "length"]
 
 

@@ -63,7 +63,8 @@ from typing import Any
 
 import torch
 
-from agentrl.engines.base import FinishReason, Generation, SamplingConfig
+from agentrl.config import SamplingConfig
+from agentrl.engines.base import FinishReason, Generation
 
 MISSING_EXTRA = "--engine vllm needs the [vllm] extra: pip install 'agentrl[vllm]' (GPU only)"
 NO_HIDDEN = ("the vLLM engine does not capture hidden states, which the turn critics read (arpo, turn-ppo, steppo "

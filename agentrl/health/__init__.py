@@ -33,7 +33,9 @@ an `InterventionSpec` in the `INTERVENTIONS` registry (docs/extending.md has bot
 
 The rooms: `config` (the settings), `series` (the time-series helpers), `alarms` (the checks, `check`,
 `replay`, `alarm_spans`, `stops`), `interventions` (`Knobs`, the interventions, `plan`), `warm_start`
-(the advice before RL on a warm start). Every public name is importable from `agentrl.health`.
+(the advice before RL on a warm start). `agentrl.health` holds what a user reads a history with and
+what plugs in an alarm or an intervention (docs/extending.md); the built-in checks, interventions and
+series helpers are imported from their own modules.
 """
 
 from __future__ import annotations
@@ -55,69 +57,25 @@ from agentrl.health.alarms import (
     Reading,
     alarm_spans,
     check,
-    check_engine_mismatch,
-    check_entropy_collapse,
-    check_kl_drift,
-    check_nonfinite,
-    check_stalled,
-    check_truncation,
-    check_verifier_overfit,
-    entropy_trending_down,
-    no_progress,
     register,
     replay,
     stops,
 )
-from agentrl.health.config import (
-    AdaptiveEntropy,
-    AdaptiveKL,
-    DynamicSampling,
-    EntropyBonus,
-    HealthConfig,
-    Interventions,
-    RaiseTemperature,
-    VerifierRotation,
-)
+from agentrl.health.config import HealthConfig
 from agentrl.health.interventions import (
     INTERVENTIONS,
     Action,
     InterventionSpec,
     Knobs,
     Situation,
-    adaptive_entropy,
-    adaptive_kl,
-    dynamic_sampling,
-    entropy_bonus,
     plan,
-    raise_temperature,
     register_intervention,
-    settings_of,
-    verifier_rotation,
 )
-from agentrl.health.series import (
-    Point,
-    Row,
-    Trend,
-    at_lag,
-    change,
-    early_level,
-    falling,
-    series,
-    since,
-    smooth,
-    trend,
-)
-from agentrl.health.warm_start import ADVICE_MIN_EPISODES, mixed_group_share, warm_start_advice
+from agentrl.health.series import Point, Row
 
 __all__ = [
-    "ADVICE_MIN_EPISODES", "ALARMS", "ENGINE_MISMATCH", "ENTROPY_COLLAPSE", "ENTROPY_TREND", "INTERVENTIONS",
-    "KL_DRIFT", "NONFINITE", "NOTICES", "STALLED", "TRUNCATION", "VERIFIER_OVERFIT", "Action", "AdaptiveEntropy",
-    "AdaptiveKL", "Alarm", "AlarmSpec", "DynamicSampling", "EntropyBonus", "Health", "HealthConfig",
-    "InterventionSpec", "Interventions", "Knobs", "Point", "RaiseTemperature", "Reading", "Row", "Situation", "Trend",
-    "VerifierRotation", "adaptive_entropy", "adaptive_kl", "alarm_spans", "at_lag", "change", "check",
-    "check_engine_mismatch", "check_entropy_collapse", "check_kl_drift", "check_nonfinite", "check_stalled",
-    "check_truncation", "check_verifier_overfit", "dynamic_sampling", "early_level", "entropy_bonus",
-    "entropy_trending_down", "falling", "mixed_group_share", "no_progress", "plan", "raise_temperature", "register",
-    "register_intervention", "replay", "series", "settings_of", "since", "smooth", "stops", "trend",
-    "verifier_rotation", "warm_start_advice",
+    "ALARMS", "ENGINE_MISMATCH", "ENTROPY_COLLAPSE", "ENTROPY_TREND", "INTERVENTIONS", "KL_DRIFT", "NONFINITE",
+    "NOTICES", "STALLED", "TRUNCATION", "VERIFIER_OVERFIT", "Action", "Alarm", "AlarmSpec", "Health", "HealthConfig",
+    "InterventionSpec", "Knobs", "Point", "Reading", "Row", "Situation", "alarm_spans", "check", "plan", "register",
+    "register_intervention", "replay", "stops",
 ]

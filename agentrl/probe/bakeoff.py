@@ -37,20 +37,25 @@ def learning_slope(curve: Sequence[float]) -> float:
 
 def bakeoff(
     train_config: Any,
-    algos: Sequence[str],
+    algos: Sequence[str] | None,
     updates: int,
     out: str | Path,
     eval_episodes: int = 32,
     say: Callable[[str], None] | None = None,
 ) -> list[BakeoffRun]:
-    """Train each of `algos` for `updates` updates from the same start (the config's model or warm
-    start), on the same seed and budget, and record the learning curves."""
+    """Train each of `algos` (None: every registered assigner that needs no teacher) for `updates` updates from
+    the same start (the config's model or warm start), on the same seed and budget, and record the learning
+    curves."""
     say = say or agentrl_log.say(__name__)
     import json
     import time
 
+    from agentrl.algorithms import teacherless_assigners
     from agentrl.config import TrainConfig
-    from agentrl.trainer import Trainer, evaluate
+    from agentrl.evaluation import evaluate
+    from agentrl.trainer import Trainer
+
+    algos = teacherless_assigners() if algos is None else algos  # distill needs a teacher the probe has not
 
     runs = []
     warm = None

@@ -12,14 +12,12 @@ derivation in words), which `default_thresholds()` then loads in a checkout and 
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
 import shlex
 import statistics
 import subprocess
-import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -340,34 +338,3 @@ def write_thresholds(sweep_path: str | Path | Sequence[str | Path], out: str | P
     target = Path(out) if out is not None else packaged_path()
     target.write_text(json.dumps(record, indent=2) + "\n")
     return target
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m agentrl.probe calibrate",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    ap.add_argument(
-        "sweep",
-        nargs="+",
-        help="sweep.json files written by benchmarks/horizon_sweep.py, one per task family; several are merged "
-        "(the committed ones: benchmarks/results/horizon_sweep*.json)",
-    )
-    ap.add_argument(
-        "--out",
-        default=None,
-        help="where to write the record (default: agentrl/probe/thresholds.json, the package data)",
-    )
-    args = ap.parse_args(argv)
-    try:
-        target = write_thresholds(args.sweep, args.out, name=args.sweep)
-    except (OSError, ValueError) as e:
-        print(f"calibration: {e}", file=sys.stderr)
-        return 2
-    t = json.loads(target.read_text())["thresholds"]
-    print(
-        f"wrote {target}: horizon_cutoff {t['horizon_cutoff']}, candidates {t['turn_level_candidates']}, "
-        f"long-horizon pick {t['long_horizon_algo']}, budget {t['min_budget_episodes']}"
-    )
-    return 0

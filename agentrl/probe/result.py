@@ -97,3 +97,13 @@ class ProbeResult(BaseModel):
     env: dict[str, Any] | None = None
     family: FamilyDistance | None = Field(None, description="how far these statistics lie from the environments the "
                                           "packaged thresholds were fitted on, and what that means for the pick")
+
+    def decision(self) -> dict[str, Any]:
+        """What a run records of the pick when `agentrl train --algo auto` made it (decisions.json,
+        config.yaml's header, summary.json): the rule, its reason and confidence, and the statistics and
+        thresholds it read, so that the run folder explains itself."""
+        rec = self.recommendation
+        return {"algo": rec.algo, "rule": rec.rule, "reason": rec.reason, "advice": rec.advice,
+                "confidence": rec.confidence, "evidence": rec.evidence, "statistics": self.stats.model_dump(),
+                "thresholds": self.thresholds.source, "budget_episodes": self.budget_episodes,
+                "family": self.family.model_dump() if self.family else None}

@@ -12,6 +12,7 @@ rollout of the current policy (`probe_env`, what `agentrl train --algo auto` doe
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from agentrl.core import Episode
+from agentrl.probe.calibration import thresholds_from_sweep
 from agentrl.probe.family import family_distance
 from agentrl.probe.measure import measure
 from agentrl.probe.result import ProbeResult
@@ -80,10 +82,10 @@ def collect(
     """A short rollout with the current policy: `groups` tasks x `group_size` episodes, training seeds
     (below the held-out offset), hidden states captured for the value probe. Without `policy`, the
     policy is built as `Trainer` builds it: `--model`, else the cached SFT warm start."""
+    from agentrl.evaluation import make_engine, resolve_device
     from agentrl.policy import Policy
     from agentrl.registry import make
     from agentrl.rollout import rollout
-    from agentrl.trainer import make_engine, resolve_device
 
     cfg = train_config
     G = group_size or cfg.rollout.group_size
@@ -109,7 +111,7 @@ def collect(
     seeds = [s for s in task_seeds for _ in range(G)]
     engine = make_engine(cfg, policy, cfg.rollout.sampling, seed=cfg.seed, capture_hidden=True)
     if cfg.agent is not None:  # the agent's episodes through the gateway: measured like an env's
-        from agentrl.trainer import agent_runner
+        from agentrl.collector import agent_runner
 
         with agent_runner(cfg) as runner:
             episodes, _ = runner.rollout(engine, policy.chat, seeds, group_ids=[i // G for i in range(len(seeds))],
@@ -143,9 +145,11 @@ def probe_env(
     policy: Any = None,
     thresholds: ProbeThresholds | None = None,
     store_out: str | Path | None = None,
+    budget_episodes: int | None = None,
 ) -> ProbeResult:
     """Roll out the current policy on the config's environment (see `collect`) and probe it; the
-    recommendation weighs the config's training budget. `store_out` saves the probed episodes."""
+    recommendation weighs `budget_episodes`, by default the config's training budget
+    (`planned_episodes`). `store_out` saves the probed episodes."""
     episodes = collect(train_config, groups, group_size, policy)
     if store_out is not None:
         TrajectoryStore(episodes).save(store_out)
@@ -160,9 +164,27 @@ def probe_env(
         thresholds,
         source=f"gateway rollout of agent {agent.entry}" if agent
         else f"rollout on {train_config.env.id} {train_config.env.kwargs}",
-        budget_episodes=planned_episodes(train_config),
+        budget_episodes=budget_episodes if budget_episodes is not None else planned_episodes(train_config),
         env=env,
     )
+
+
+def probe_thresholds(sweep: str | Path | None = None, overrides: dict[str, Any] | None = None) -> ProbeThresholds:
+    """The thresholds a probe applies: fitted to a horizon sweep's JSON file when `sweep` is given, else
+    the calibration that ships with agentrl (`default_thresholds`), with `overrides` (field: value) on top.
+    A sweep that is not JSON raises `json.JSONDecodeError`; an override out of range, pydantic's
+    `ValidationError` (both are ValueErrors).
+
+    >>> probe_thresholds(overrides={"horizon_cutoff": 12}).horizon_cutoff
+    12.0
+    """
+    if sweep is not None:
+        th = thresholds_from_sweep(json.loads(Path(sweep).read_text()), source=str(Path(sweep)))
+    else:
+        th = default_thresholds()
+    if overrides:
+        th = ProbeThresholds(**{**th.model_dump(), **overrides})
+    return th
 
 
 def recommend_for_config(train_config: Any, groups: int = 8) -> tuple[str, str]:

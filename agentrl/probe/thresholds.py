@@ -57,7 +57,7 @@ def _registered(names: list[str], field: str) -> list[str]:
 class Evidence(BaseModel):
     """What the calibration sweeps measured for one assigner against grpo past the horizon cut-off: how a pick
     of it is backed. `lead` is its mean final pass rate minus grpo's, averaged over those horizons; `spread`
-    the seeds' spread there, averaged the same way (`agentrl.probe.horizon_spread`); `stderr` the spread of
+    the seeds' spread there, averaged the same way (`agentrl.probe.calibration.horizon_spread`); `stderr` the spread of
     that mean lead: the larger of the seeds' spread and the leads' own standard deviation across horizons
     (they differ from family to family, not only by seed), over the square root of the horizons.
 

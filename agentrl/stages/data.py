@@ -50,8 +50,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from agentrl.chat.layout import ChatFormat
 from agentrl.core import Episode, Turn
-from agentrl.policy import ChatFormat
 
 
 class DataError(ValueError):

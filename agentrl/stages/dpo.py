@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from agentrl.config import DPOConfig, PrefLoss  # noqa: F401 (re-exported)
+from agentrl.config import DPOConfig, PrefLoss
 from agentrl.core import Episode
 from agentrl.policy import adamw, token_stats
 from agentrl.store import make_batch, segment_batch

@@ -24,14 +24,14 @@ from typing import Any
 import numpy as np
 
 import agentrl.log as agentrl_log
-from agentrl.config import EnvConfig, TrainConfig
+from agentrl.config import DPOConfig, EnvConfig, TrainConfig
 from agentrl.distributed import Ranks
 from agentrl.monitor import Monitor
 from agentrl.policy import Policy
 from agentrl.registry import make
 from agentrl.rollout import rollout
 from agentrl.stages.distill import DistillStage, run_stage
-from agentrl.stages.dpo import DPOConfig, pairs_from_episodes, train_preferences
+from agentrl.stages.dpo import pairs_from_episodes, train_preferences
 from agentrl.stages.warm_start import KEY_FILE, warm_start, warm_start_from_data
 
 
@@ -50,7 +50,8 @@ def train(cfg: TrainConfig, monitor: Monitor | None = None, decisions: dict[str,
           resume: bool = False, overwrite: bool = False, runner: Any = None) -> dict[str, Any]:
     """Stage one where it is needed (the tiny policy's SFT warm start, cached), then the RL loop
     (`resume` / `overwrite`: see `agentrl.trainer.Trainer`). Returns the run's summary."""
-    from agentrl.trainer import Trainer, resolve_device
+    from agentrl.evaluation import resolve_device
+    from agentrl.trainer import Trainer
 
     start = None
     decisions = dict(decisions or {})
@@ -84,10 +85,10 @@ def run_sft(cfg: TrainConfig, out: str | Path, data: str | None = None, lora_r: 
     demonstration longer than the model's context, is a `DataError` naming where."""
     import shutil
 
-    from agentrl.health import warm_start_advice
+    from agentrl.evaluation import evaluate
+    from agentrl.health.warm_start import warm_start_advice
     from agentrl.stages.data import DataError, load_conversations, to_episode
     from agentrl.stages.sft import collect_demos, progress_lines, sft, tiny_policy_from_conversations
-    from agentrl.trainer import evaluate
 
     say = say or agentrl_log.say(__name__)
     out = Path(out)
@@ -182,7 +183,7 @@ def run_dpo(model: str | Path, out: str | Path, dpo: DPOConfig, pairs_file: str 
 
 def collect_groups(cfg: TrainConfig, policy: Policy, groups: int, group_size: int, seed: int) -> list:
     """Fresh training-range tasks, `group_size` episodes each, sampled from `policy`."""
-    from agentrl.trainer import make_engine
+    from agentrl.evaluation import make_engine
 
     rng = np.random.default_rng(seed + 777)
     task_seeds = rng.integers(0, cfg.eval.seed_offset, size=groups).tolist()
@@ -208,7 +209,8 @@ def run_pipeline(cfg: TrainConfig, dpo: DPOConfig | None, out: str | Path,
     A killed SFT goes on after its last finished epoch (the warm start keeps its state beside the cache);
     a killed DPO stage runs again from its start."""
     say = say or agentrl_log.say(__name__)
-    from agentrl.trainer import Trainer, evaluate
+    from agentrl.evaluation import evaluate
+    from agentrl.trainer import Trainer
 
     if cfg.model is not None:
         raise ValueError("the pipeline builds its own SFT policy; run `agentrl dpo` / `agentrl train --model` to start "
@@ -251,7 +253,7 @@ def run_pipeline(cfg: TrainConfig, dpo: DPOConfig | None, out: str | Path,
         return res
 
     def recorded(stage: str) -> Any:
-        from agentrl.trainer import EvalResult
+        from agentrl.evaluation import EvalResult
 
         row = next(s for s in stages if s["stage"] == stage)
         say(f"[{stage}] finished before (held-out pass rate {row['held_out_pass_rate']:.3f}): not run again")

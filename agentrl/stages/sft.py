@@ -20,23 +20,11 @@ from typing import Any
 import torch
 
 import agentrl.log as agentrl_log
+from agentrl.chat.layout import ChatFormat
+from agentrl.config import TinyModelConfig
 from agentrl.core import AgentEnv, Episode
 from agentrl.engines.base import ScriptedEngine
-from agentrl.health.warm_start import (  # noqa: F401 (re-exported: the advice lives with the health checks)
-    ADVICE_MIN_EPISODES,
-    mixed_group_share,
-    warm_start_advice,
-)
-from agentrl.policy import (
-    MIN_SHARED_HEAD,
-    ChatFormat,
-    Policy,
-    TinyModelConfig,
-    adamw,
-    build_tiny_policy,
-    render_corpus_text,
-    token_stats,
-)
+from agentrl.policy import MIN_SHARED_HEAD, Policy, adamw, build_tiny_policy, render_corpus_text, token_stats
 from agentrl.rollout import rollout
 from agentrl.store import make_batch, segment_batch
 

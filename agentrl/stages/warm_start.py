@@ -21,8 +21,9 @@ from typing import Any
 import torch
 
 import agentrl.log as agentrl_log
+from agentrl.config import TinyModelConfig
 from agentrl.core import AgentEnv
-from agentrl.policy import Policy, TinyModelConfig, build_tiny_policy
+from agentrl.policy import Policy, build_tiny_policy
 from agentrl.registry import make
 from agentrl.stages.sft import (
     NoExpertError,
@@ -325,7 +326,7 @@ def warm_start_pass_rate(folder: Path, env_id: str, env_kwargs: dict[str, Any], 
     """The warm start's own pass rate on `episodes` calibration seeds (from `CALIBRATION_HELD_OUT`),
     sampled as the run's held-out evaluation is."""
     from agentrl.config import TrainConfig
-    from agentrl.trainer import evaluate
+    from agentrl.evaluation import evaluate
 
     cfg = TrainConfig(env={"id": env_id, "kwargs": env_kwargs}, tiny=tiny, seed=seed,
                       eval={"episodes": episodes, "seed_offset": CALIBRATION_HELD_OUT})
