@@ -46,7 +46,7 @@ def test_a_long_result_prints_its_summary_and_a_progress_save_prints_nothing(tmp
     assert said["benchmark"] == "toy" and said["command"] == "python benchmarks/toy.py --from-python"
 
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 HELPERS = {"benchlib.py"}  # what the scripts share; a helper that is no benchmark and needs none of it goes here too
 
 
