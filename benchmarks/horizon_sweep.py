@@ -53,11 +53,12 @@ from typing import Any
 import numpy as np
 from benchlib import announce, parser, save
 
-from agentrl.algorithms import ASSIGNERS, turn_level_assigners
+from agentrl.algorithms import teacherless_assigners, turn_level_assigners
 
-# Every registered assigner, and which of them assign credit per turn: a newly registered one is swept,
-# and so calibrated into the probe's thresholds (python -m agentrl.probe calibrate), without editing this file.
-ALGOS = list(ASSIGNERS)
+# Every registered assigner that trains from the verifier alone (distill needs a teacher), and which of them
+# assign credit per turn: a newly registered one is swept, and so calibrated into the probe's thresholds
+# (python -m agentrl.probe calibrate), without editing this file.
+ALGOS = teacherless_assigners()
 TURN_LEVEL = set(turn_level_assigners())
 
 
