@@ -58,7 +58,7 @@ def preregister(family_name: str, horizons: list[int], groups: int) -> dict[str,
     from agentrl.probe.thresholds import probe_fingerprint
 
     family = FAMILIES[family_name]
-    args = {**SWEEP_ARGS, "band": list(family.band) if family.band else None}
+    args = {**SWEEP_ARGS, "band": list(family.band) if family.band else None, "sft_epochs": family.sft_epochs}
     rows = {}
     for n in horizons:
         t0 = time.perf_counter()
