@@ -19,7 +19,6 @@ True
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 from importlib import resources
 from typing import Any
@@ -323,13 +322,12 @@ def probe_fingerprint() -> dict[str, str]:
     >>> f["probe_version"] == PROBE_VERSION, f["thresholds_sha256"] == FROZEN_SHA256["thresholds.json"]
     (True, True)
     """
-    from agentrl.probe import rules
-
-    raw = (resources.files("agentrl.probe") / PACKAGED).read_bytes()
+    here = resources.files("agentrl.probe")  # rules.py is read, not imported: it imports this module
+    raw = (here / PACKAGED).read_bytes()
     resolved = json.dumps(packaged_thresholds().model_dump(mode="json"), sort_keys=True).encode()
     return {
         "probe_version": PROBE_VERSION,
         "thresholds_sha256": hashlib.sha256(raw).hexdigest(),
         "resolved_thresholds_sha256": hashlib.sha256(resolved).hexdigest(),
-        "rules_sha256": hashlib.sha256(inspect.getsource(rules).encode()).hexdigest(),
+        "rules_sha256": hashlib.sha256((here / "rules.py").read_bytes()).hexdigest(),
     }
