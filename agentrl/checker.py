@@ -203,6 +203,28 @@ def check_expert_finishes(env: AgentEnv) -> str | None:
     return None
 
 
+def check_expert_summary(env: AgentEnv) -> str | None:
+    """Where the expert writes summaries (`expert_summary`, for warm starts under rollout.context summarize): the
+    noise-free expert, asked for one halfway, keeps every fact the env says the task needs (`facts_kept`) and
+    still finishes the task after it."""
+    if _expert(env) is None or type(env).expert_summary is AgentEnv.expert_summary:
+        return "skipped: the expert writes no summaries"
+    env.reset(seed=7)
+    kept, reward = None, 0.0
+    for turn in range(env.max_turns):
+        if turn == env.max_turns // 2:
+            summary = env.expert_summary(0.0)
+            assert isinstance(summary, str) and summary, f"expert_summary() must return text, got {summary!r}"
+            kept = env.facts_kept(summary)
+            assert kept is None or kept == 1.0, (f"the noise-free expert's summary keeps {kept} of the facts: "
+                                                 f"{summary!r}")
+        _, reward, terminated, truncated, _ = env.step(env.expert_action(0.0))
+        if terminated or truncated:
+            break
+    assert reward > 0, f"the noise-free expert scored {reward} on seed 7 after summarising halfway"
+    return None if kept is not None else "the env does not say which facts a summary keeps (facts_kept)"
+
+
 def check_sandbox(env: AgentEnv) -> str | None:
     """For an env that runs policy-written code: which isolation holds it, and a failure if none
     does (the run would let candidates read your files and reach the network)."""
@@ -226,6 +248,7 @@ CHECKS = [
     check_threads,
     check_expert,
     check_expert_finishes,
+    check_expert_summary,
     check_sandbox,
 ]
 

@@ -288,6 +288,12 @@ class AgentEnv(gym.Env[str, str]):
         """
         raise NotImplementedError(f"{type(self).__name__} has no scripted expert")
 
+    def expert_summary(self, noise: float = 0.0) -> str:
+        """The scripted expert's answer when ``rollout.context`` summarize asks for a summary (the instruction
+        arrives as a user message): the facts the task still needs and what is left to do, so that a warm start
+        played under summarize learns to summarise. `noise` as in `expert_action`."""
+        raise NotImplementedError(f"{type(self).__name__}'s expert writes no summaries")
+
     # -- helpers for tools ---------------------------------------------------------------------
 
     def finish(self) -> None:

@@ -7,6 +7,7 @@ from agentrl.envs import (  # noqa: F401
     math,
     sql,
     vault,  # noqa: F401
+    vault_memory,  # noqa: F401
 )
 
 # Adapters to other projects' environments register their ids only where that project is installed (the

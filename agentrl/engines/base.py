@@ -73,9 +73,18 @@ class ScriptedEngine:
     def __init__(self, act: Callable[[int], list[int]], eos_id: int):
         self.act = act
         self.eos_id = eos_id
+        self._session: _ScriptedSession | None = None
 
     def open(self, prompts: Sequence[Sequence[int]]) -> _ScriptedSession:
-        return _ScriptedSession(self, list(range(len(prompts))))
+        self._session = _ScriptedSession(self, list(range(len(prompts))))
+        self._session.given = {r: list(p) for r, p in enumerate(prompts)}
+        return self._session
+
+    def given(self, row: int) -> list[int]:
+        """The ids row `row` was last given in the open session: its prompt, a new segment's context, or the
+        observation that extended it. A script that answers what it is asked reads it (a scripted expert asked
+        for a summary by rollout.context summarize, whose instruction arrives there)."""
+        return [] if self._session is None else self._session.given.get(row, [])
 
 
 class _ScriptedSession:
@@ -85,6 +94,7 @@ class _ScriptedSession:
         self.engine = engine
         self.rows = rows
         self.started: list[int] = []
+        self.given: dict[int, list[int]] = {}
 
     def generate(self, rows: Sequence[int] | None = None) -> list[Generation]:
         out = []
@@ -96,15 +106,17 @@ class _ScriptedSession:
         return out
 
     def extend(self, chunks: Sequence[Sequence[int]], rows: Sequence[int] | None = None) -> None:
-        n = len(self.rows if rows is None else rows)
-        if len(chunks) != n:
-            raise ValueError(f"extend() got {len(chunks)} chunks for {n} rows")
+        rows = self.rows if rows is None else rows
+        if len(chunks) != len(rows):
+            raise ValueError(f"extend() got {len(chunks)} chunks for {len(rows)} rows")
+        self.given.update((r, list(c)) for r, c in zip(rows, chunks))
 
     def keep(self, positions: Sequence[int]) -> None:
         self.rows = [self.rows[p] for p in positions]
 
     def add(self, rows: Sequence[int], prompts: Sequence[Sequence[int]]) -> None:
         self.rows += list(rows)
+        self.given.update((r, list(p)) for r, p in zip(rows, prompts))
 
     def start(self, rows: Sequence[int]) -> None:
         self.started += list(rows)

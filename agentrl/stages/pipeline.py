@@ -46,6 +46,13 @@ def warm_start_record(folder: Path) -> dict[str, Any]:
     return record
 
 
+def demo_context(cfg: TrainConfig) -> dict[str, Any]:
+    """What of the run's rollout its warm start's demonstrations are played under: the context policy (a summarize
+    run's warm start learns the expert's summaries) and the sampling's cap on new tokens, which sets where the
+    policy compacts."""
+    return {"context": cfg.rollout.context, "max_new_tokens": cfg.rollout.sampling.max_new_tokens}
+
+
 def train(cfg: TrainConfig, monitor: Monitor | None = None, decisions: dict[str, Any] | None = None,
           resume: bool = False, overwrite: bool = False, runner: Any = None) -> dict[str, Any]:
     """Stage one where it is needed (the tiny policy's SFT warm start, cached), then the RL loop
@@ -67,7 +74,7 @@ def train(cfg: TrainConfig, monitor: Monitor | None = None, decisions: dict[str,
                 start = warm_start_from_data(cfg.agent.demos or "", cfg.tiny, cfg.sft, cfg.seed, say=say)
             else:
                 start = warm_start(cfg.env.id, cfg.env.kwargs, cfg.tiny, cfg.sft, cfg.seed,
-                                   **({"say": say} if say else {}))
+                                   **({"say": say} if say else {}), **demo_context(cfg))
         decisions["warm_start"] = warm_start_record(Path(start))
     return Trainer(cfg, monitor=monitor, start=start, decisions=decisions, resume=resume, overwrite=overwrite,
                    runner=runner).train()
@@ -93,7 +100,7 @@ def run_sft(cfg: TrainConfig, out: str | Path, data: str | None = None, lora_r: 
     say = say or agentrl_log.say(__name__)
     out = Path(out)
     if cfg.model is None and data is None:
-        folder = warm_start(cfg.env.id, cfg.env.kwargs, cfg.tiny, cfg.sft, cfg.seed, say=say)
+        folder = warm_start(cfg.env.id, cfg.env.kwargs, cfg.tiny, cfg.sft, cfg.seed, say=say, **demo_context(cfg))
         shutil.copytree(folder, out, dirs_exist_ok=True)
         policy = Policy.load(out)
     else:
@@ -264,7 +271,7 @@ def run_pipeline(cfg: TrainConfig, dpo: DPOConfig | None, out: str | Path,
         policy, last = Policy.load(out / "sft"), recorded("sft")
     else:
         t0 = time.perf_counter()
-        folder = warm_start(cfg.env.id, cfg.env.kwargs, cfg.tiny, cfg.sft, cfg.seed, say=say)
+        folder = warm_start(cfg.env.id, cfg.env.kwargs, cfg.tiny, cfg.sft, cfg.seed, say=say, **demo_context(cfg))
         shutil.copytree(folder, out / "sft", dirs_exist_ok=True)
         policy = Policy.load(out / "sft")
         last = record("sft", policy, time.perf_counter() - t0)

@@ -22,6 +22,7 @@ import torch
 import agentrl.log as agentrl_log
 from agentrl.chat.layout import ChatFormat
 from agentrl.config import TinyModelConfig
+from agentrl.context import ContextConfig, after_summary, get_policy
 from agentrl.core import AgentEnv, Episode
 from agentrl.engines.base import ScriptedEngine
 from agentrl.policy import MIN_SHARED_HEAD, Policy, adamw, build_tiny_policy, render_corpus_text, token_stats
@@ -59,18 +60,66 @@ def expert_pass_rate(env: AgentEnv, seeds: Sequence[int], noise: float) -> float
     return sum(play_expert(env, s, noise)[1] >= 1.0 for s in seeds) / len(seeds)
 
 
+def expert_summary(env: AgentEnv, noise: float) -> str:
+    """The expert's answer when rollout.context summarize asks for a summary (`expert_summary(noise)`, an env's
+    optional hook beside `expert_action`)."""
+    try:
+        return env.expert_summary(noise)
+    except NotImplementedError:
+        raise NoExpertError(f"{env.name}: the rollout asked the expert for a summary (rollout.context summarize), and "
+                            "this env's expert writes none: implement expert_summary(noise), or warm-start without "
+                            "summarize") from None
+
+
+def expert_summary_texts(env: AgentEnv, seeds: Sequence[int], noise: float, instruction: str) -> list[str]:
+    """Expert conversations cut by a summary halfway, as text, two per seed: the conversation up to the
+    instruction and the expert's summary, and the one that goes on from the task and the summary
+    (`agentrl.context.after_summary`). The tiny tokenizer learns from them too when the demonstrations
+    summarise, so that the instruction and a summary cost a few tokens, not one per character."""
+    texts = []
+    for seed in seeds:
+        obs, _ = env.reset(seed=seed)
+        msgs = [("user", obs)]
+        for turn in range(env.max_turns):
+            if turn == env.max_turns // 2:
+                summary = expert_summary(env, noise)
+                texts.append(render_corpus_text(env.system_prompt, env.tool_schemas(),
+                                                msgs + [("user", instruction), ("assistant", summary)]))
+                msgs = [("user", after_summary([{"role": "user", "content": msgs[0][1]}], summary)[-1]["content"])]
+            action = env.expert_action(noise)
+            obs, _, terminated, truncated, _ = env.step(action)
+            msgs += [("assistant", action), ("tool", obs)]
+            if terminated or truncated:
+                break
+        texts.append(render_corpus_text(env.system_prompt, env.tool_schemas(), msgs))
+    return texts
+
+
 def collect_demos(make_env: Callable[[], AgentEnv], chat: ChatFormat, seeds: Sequence[int], noise: float,
-                  batch: int = 64) -> list[Episode]:
-    """Expert episodes, tokenised exactly as the policy's rollouts are."""
+                  batch: int = 64, context: ContextConfig | None = None, max_context: int | None = None,
+                  max_new_tokens: int = 0) -> list[Episode]:
+    """Expert episodes, tokenised exactly as the policy's rollouts are. With a `context` policy (and the
+    `max_context` and `max_new_tokens` the run will have), the demonstrations are compacted as the run's episodes
+    will be; under summarize the expert answers each request for a summary with its own (`expert_summary`), so
+    that the summary turns are demonstrations too."""
     demos: list[Episode] = []
     envs = [make_env() for _ in range(min(batch, len(seeds)))]
+    asks = context is not None and get_policy(context.policy).asks_policy
+    active: list[AgentEnv] = []
+
+    def act(row: int) -> list[int]:
+        # the instruction arrives as the text the row was last given: the expert summarises, else it acts
+        if asks and context.instruction in chat.decode(engine.given(row)):
+            return chat.action_ids(expert_summary(active[row], noise))
+        # the expert writes Hermes calls; the demonstrations are in the model's own call format
+        return chat.action_ids(chat.expert_text(active[row].expert_action(noise)))
+
+    engine = ScriptedEngine(act, chat.eos_id)
     for start in range(0, len(seeds), len(envs)):
         chunk = list(seeds[start : start + len(envs)])
-        active = envs[: len(chunk)]
-        # the expert writes Hermes calls; the demonstrations are in the model's own call format
-        engine = ScriptedEngine(
-            lambda row, envs=active: chat.action_ids(chat.expert_text(envs[row].expert_action(noise))), chat.eos_id)
-        episodes, _ = rollout(active, chunk, engine, chat)
+        active[:] = envs[: len(chunk)]
+        episodes, _ = rollout(list(active), chunk, engine, chat, max_context=max_context,
+                              max_new_tokens=max_new_tokens, context=context)
         errored = [e for e in episodes if e.error]
         if errored:
             raise RuntimeError(f"the expert's episode raised: {errored[0].error}")

@@ -22,6 +22,7 @@ import torch
 
 import agentrl.log as agentrl_log
 from agentrl.config import TinyModelConfig
+from agentrl.context import ContextConfig, get_policy
 from agentrl.core import AgentEnv
 from agentrl.policy import Policy, build_tiny_policy
 from agentrl.registry import make
@@ -29,6 +30,7 @@ from agentrl.stages.sft import (
     NoExpertError,
     collect_demos,
     expert_pass_rate,
+    expert_summary_texts,
     expert_texts,
     play_expert,
     progress_lines,
@@ -171,13 +173,15 @@ def expert_fingerprint(env: AgentEnv, noise: float) -> str | None:
 
 
 def warm_start_parts(env: AgentEnv, env_id: str, env_kwargs: dict[str, Any], tiny: TinyModelConfig, sft_cfg: Any,
-                     seed: int) -> dict[str, Any]:
+                     seed: int, context: ContextConfig | None = None, max_new_tokens: int = 0) -> dict[str, Any]:
     """What the warm start depends on, part by part (the key hashes them; `KEY_FILE` keeps them).
 
     The expert's behaviour is its fingerprint on a few seeds, or, if the env class sets
     `warm_start_version`, that version: an explicit promise that the demonstrations changed only
     when it did. An expert that is not reproducible from the env's seed falls back to the env
-    class's source.
+    class's source. A context policy that compacts (`compacting`) lays the demonstrations out
+    differently, so it is a part too, with the expert's summaries where it asks for them; under
+    truncate the key is the one it always was.
     """
     import inspect
 
@@ -207,16 +211,27 @@ def warm_start_parts(env: AgentEnv, env_id: str, env_kwargs: dict[str, Any], tin
         "sft": sft_cfg.model_dump(exclude=_NOT_IN_KEY | (_AUTO_ONLY if sft_cfg.noise != "auto" else set())),
         "seed": seed,
         **({"auto_rule": AUTO_RULE} if sft_cfg.noise == "auto" else {}),
+        **({"context": {**context.model_dump(), "max_new_tokens": max_new_tokens,
+                        **({"summaries": _sha(expert_summary_texts(env, FINGERPRINT_SEEDS, noise, context.instruction))}
+                           if get_policy(context.policy).asks_policy else {})}}
+           if compacting(context) else {}),
     }
+
+
+def compacting(context: ContextConfig | None) -> bool:
+    """Does `context` change the demonstrations (a policy that compacts: not truncate)?"""
+    return context is not None and get_policy(context.policy).compacts
 
 
 def key_of(parts: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def warm_start_key(env_id: str, env_kwargs: dict[str, Any], tiny: TinyModelConfig, sft_cfg: Any, seed: int) -> str:
+def warm_start_key(env_id: str, env_kwargs: dict[str, Any], tiny: TinyModelConfig, sft_cfg: Any, seed: int,
+                   context: ContextConfig | None = None, max_new_tokens: int = 0) -> str:
     """The cache key: changes with what changes the demonstrations or their training (`warm_start_parts`)."""
-    return key_of(warm_start_parts(make(env_id, **env_kwargs), env_id, env_kwargs, tiny, sft_cfg, seed))
+    return key_of(warm_start_parts(make(env_id, **env_kwargs), env_id, env_kwargs, tiny, sft_cfg, seed, context,
+                                   max_new_tokens))
 
 
 def why_rebuild(root: Path, parts: dict[str, Any]) -> str:
@@ -250,6 +265,8 @@ def warm_start(
     seed: int,
     log: Callable[[dict[str, Any]], None] | None = None,
     say: Callable[[str], None] | None = None,
+    context: ContextConfig | None = None,
+    max_new_tokens: int = 0,
 ) -> Path:
     """Build the tiny policy for `env_id` and fine-tune it on noisy-expert demonstrations, once.
 
@@ -257,7 +274,9 @@ def warm_start(
     ~/.cache/agentrl/warm/<key>); a second call with the same key returns it at once, and a
     rebuild says which part of the key changed. `sft_cfg.warm_start` names a folder to use as is;
     `sft_cfg.rebuild` rebuilds even when the key is cached. Without `log`, progress (loss, ETA)
-    is said in lines.
+    is said in lines. With a `context` policy that compacts (the run's `rollout.context`, and its
+    sampling's `max_new_tokens`), the demonstrations are played under it, so a summarize run's warm
+    start has learnt the expert's summaries.
     """
     say = say or agentrl_log.say(__name__)
     if sft_cfg.warm_start:
@@ -271,7 +290,9 @@ def warm_start(
 
     if not has_expert(env):
         raise NoExpertError(f"{env_id}: {NO_EXPERT}")
-    parts = warm_start_parts(env, env_id, env_kwargs, tiny, sft_cfg, seed)
+    if not compacting(context):
+        context = None  # truncate lays demonstrations out as no policy does: one key for both
+    parts = warm_start_parts(env, env_id, env_kwargs, tiny, sft_cfg, seed, context, max_new_tokens)
     root = cache_root() / "warm"
     folder = root / key_of(parts)
     if (folder / "warm_start.json").is_file() and not sft_cfg.rebuild:
@@ -279,7 +300,8 @@ def warm_start(
         return folder
     why = "sft.rebuild is set" if sft_cfg.rebuild else why_rebuild(root, parts)
     if sft_cfg.noise == "auto":
-        return _auto_warm_start(env_id, env_kwargs, tiny, sft_cfg, seed, folder, parts, why, log, say)
+        return _auto_warm_start(env_id, env_kwargs, tiny, sft_cfg, seed, folder, parts, why, log, say, context,
+                                max_new_tokens)
     say(f"warm start: building the tiny policy for {env_id} ({sft_cfg.episodes} demonstrations, {sft_cfg.epochs} "
         f"epochs) because {why}")
     torch.manual_seed(seed)
@@ -287,10 +309,14 @@ def warm_start(
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
     # tokenizer corpus: demonstrations from seeds the SFT set does not use
     corpus = expert_texts(env, range(10_000_000, 10_000_000 + 400), noise=max(noise, 0.3))
+    if context is not None and get_policy(context.policy).asks_policy:
+        corpus += expert_summary_texts(env, range(10_000_400, 10_000_600), max(noise, 0.3), context.instruction)
     build_tiny_policy(corpus, tmp, tiny, seed=seed)
     policy = Policy.load(tmp)
     demos = collect_demos(lambda: make(env_id, **env_kwargs), policy.chat,
-                          list(range(20_000_000, 20_000_000 + sft_cfg.episodes)), noise)
+                          list(range(20_000_000, 20_000_000 + sft_cfg.episodes)), noise, context=context,
+                          max_context=tiny.max_position_embeddings if context is not None else None,
+                          max_new_tokens=max_new_tokens)
     demo_rate = sum(d.passed for d in demos) / len(demos)
     # what the expert passes is not what the warm start will: the warm start's own pass rate is checked
     # before RL (warm_start_advice), and it is what --sft.noise auto calibrates on
@@ -322,20 +348,22 @@ def warm_start(
 
 
 def warm_start_pass_rate(folder: Path, env_id: str, env_kwargs: dict[str, Any], tiny: TinyModelConfig, seed: int,
-                         episodes: int) -> float:
+                         episodes: int, context: ContextConfig | None = None, max_new_tokens: int = 0) -> float:
     """The warm start's own pass rate on `episodes` calibration seeds (from `CALIBRATION_HELD_OUT`),
-    sampled as the run's held-out evaluation is."""
+    sampled as the run's held-out evaluation is (under the run's context policy, where one compacts)."""
     from agentrl.config import TrainConfig
     from agentrl.evaluation import evaluate
 
-    cfg = TrainConfig(env={"id": env_id, "kwargs": env_kwargs}, tiny=tiny, seed=seed,
+    rollout = {"context": context.model_dump(), "sampling": {"max_new_tokens": max_new_tokens}} if context else {}
+    cfg = TrainConfig(env={"id": env_id, "kwargs": env_kwargs}, tiny=tiny, seed=seed, rollout=rollout,
                       eval={"episodes": episodes, "seed_offset": CALIBRATION_HELD_OUT})
     return evaluate(cfg, Policy.load(folder), None, tiny.max_position_embeddings, say=lambda _: None).pass_rate
 
 
 def _auto_warm_start(env_id: str, env_kwargs: dict[str, Any], tiny: TinyModelConfig, sft_cfg: Any, seed: int,
                      folder: Path, parts: dict[str, Any], why: str, log: Callable[[dict[str, Any]], None] | None,
-                     say: Callable[[str], None]) -> Path:
+                     say: Callable[[str], None], context: ContextConfig | None = None,
+                     max_new_tokens: int = 0) -> Path:
     """--sft.noise auto: warm starts at the noises `choose_noise` probes (each cached as `--sft.noise N`
     would be), judged by their own pass rate; the chosen one is copied under the auto key."""
     import shutil
@@ -348,8 +376,8 @@ def _auto_warm_start(env_id: str, env_kwargs: dict[str, Any], tiny: TinyModelCon
 
     def measure(noise: float) -> float:
         built[noise] = warm_start(env_id, env_kwargs, tiny, sft_cfg.model_copy(update={"noise": noise}), seed,
-                                  log=log, say=say)
-        rate = warm_start_pass_rate(built[noise], env_id, env_kwargs, tiny, seed, episodes)
+                                  log=log, say=say, context=context, max_new_tokens=max_new_tokens)
+        rate = warm_start_pass_rate(built[noise], env_id, env_kwargs, tiny, seed, episodes, context, max_new_tokens)
         say(f"warm start: noise {noise:g} -> the warm start passes {rate:.2f} of {episodes} calibration episodes")
         return rate
 
