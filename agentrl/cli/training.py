@@ -322,11 +322,11 @@ def cmd_distill(argv: Sequence[str]) -> int:
     import time
 
     from agentrl.stages.data import DataError
-    from agentrl.stages.distill import run_rejection
+    from agentrl.stages.distill import NothingToDistil, run_rejection
 
     try:
         run_rejection(cfg, flags.rejection, Path(cfg.out or f"runs/distill-{time.strftime('%Y%m%d-%H%M%S')}"))
-    except DataError as e:
+    except (DataError, NothingToDistil) as e:  # a teacher that passes nothing: said as an error, not a traceback
         raise UsageError(str(e)) from None
     return 0
 

@@ -162,7 +162,7 @@ def run_rejection(cfg: TrainConfig, rej: RejectionConfig, out: str | Path,
         f"{counts['samples']} teacher samples passed; {counts['tasks_without_pass']} of {counts['tasks']} tasks "
         f"without a pass) in {teacher_seconds:.0f}s")
     if not kept:
-        raise ValueError(f"the teacher {cfg.teacher} passed none of its {counts['samples']} samples: nothing to "
+        raise NothingToDistil(f"the teacher {cfg.teacher} passed none of its {counts['samples']} samples: nothing to "
                          "distil; check the teacher on this env (agentrl train --model TEACHER --updates 0) or raise "
                          "--rejection.k")
     student_format = Policy.load(student).chat.tool_format.name
@@ -205,6 +205,10 @@ def sft_on_file(cfg: TrainConfig, data: Path, out: Path, say: Callable[[str], No
 def on_policy_config(cfg: TrainConfig, **credit: Any) -> TrainConfig:
     """`cfg` as an on-policy distillation run: `--algo distill` with `credit` options (default: its defaults)."""
     return TrainConfig(**{**cfg.model_dump(exclude={"credit"}), "algo": "distill", "credit": credit})
+
+
+class NothingToDistil(ValueError):
+    """The teacher passed none of its samples: there is no episode to fine-tune the student on."""
 
 
 @dataclass(frozen=True)

@@ -79,3 +79,17 @@ def test_the_pipeline_distils_after_sft_and_can_stop_there(tmp_path):
     with pytest.raises(ValueError, match="distillation stage's options differ"):
         run_pipeline(cfg, None, out, say=lambda s: None, resume=True,
                      distill=DistillStage("on-policy", updates=2, stop_after=True))
+
+
+def test_a_teacher_that_passes_nothing_is_an_error_not_a_traceback(vault_policy_dir, teacher_dir, tmp_path,
+                                                                   monkeypatch, capsys):
+    """SmolLM2 untouched on Arithmetic passes none of its samples: the command says so and what to try, exit 2."""
+    import agentrl.stages.distill as distill
+    from agentrl import cli
+
+    counts = {"tasks": 4, "samples": 8, "passed": 0, "kept": 0, "dropped": 8, "tasks_without_pass": 4}
+    monkeypatch.setattr(distill, "rejection_sample", lambda *a, **k: ([], counts))
+    code = cli.main(["distill", "--mode", "rejection", "--teacher", str(teacher_dir), "--model", str(vault_policy_dir),
+                     "--env.id", "agentrl/Vault-v0", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and "passed none of its 8 samples" in err and "--rejection.k" in err and "Traceback" not in err
