@@ -400,6 +400,20 @@ _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 
 
+class RejectionConfig(Strict):
+    """`agentrl distill --mode rejection`: sample the teacher on training tasks, keep the best passing episode of
+    each task, and fine-tune the student on them (the SFT stage, with `sft.epochs`, `sft.lr`, `sft.batch_size`)."""
+
+    tasks: int = Field(256, ge=1, description="Training tasks the teacher is sampled on (seeds below the held-out "
+                       "range); the kept episodes are at most this many demonstrations.")
+    k: int = Field(4, ge=1, description="Teacher samples per task; the best one that passes is kept (best-of-k). "
+                   "More samples rescue harder tasks at k times the teacher's rollout cost.")
+    temperature: float = Field(1.0, ge=0.0, description="The teacher's sampling temperature: 1.0 samples it as "
+                               "trained, so that k samples differ; 0 (greedy) makes k > 1 pointless.")
+    min_reward: float = Field(1.0, description="An episode is kept only if the verifier's reward reaches this (1.0: "
+                              "it passed, as Episode.passed counts).")
+
+
 class GatewayConfig(Strict):
     """The OpenAI-compatible endpoint an agent calls the policy through (docs/gateway.md)."""
 
@@ -465,6 +479,11 @@ class TrainConfig(Strict):
                                     "pythonic, harmony). None: detected from the chat template's own markers, Hermes "
                                     "when it has none (the tiny policy, SmolLM2): a model trained on one family's "
                                     "calls rarely writes another's.")
+    teacher: str | None = Field(None, description="A frozen teacher (HF folder, hub id, or a name `agentrl models` "
+                                "fetches) for distillation: `--algo distill` scores every action token the student "
+                                "samples under it, which needs the student's tokenizer; `agentrl distill --mode "
+                                "rejection` samples it and trains the student on its passing episodes as text, which "
+                                "does not. None: no teacher (an assigner that reads one is refused).")
     engine: str = Field("torch", description="Generation backend, a key of agentrl.engines.ENGINES: torch (CPU/GPU) or "
                         "vllm (GPU, [vllm] extra).")
     device: str = Field("auto", description="'auto' (cuda if available), 'cpu', 'cuda' or 'cuda:N'.")

@@ -1,8 +1,8 @@
 """The learner: the policy's trainable weights, the frozen reference, the optimizer, and the PPO step.
 
 Following a rollout to the loss: `Trainer._updates` scores the batch (`reference_logp`, and where the run
-needs them `proximal_logp` and `sampler_logp`), the assigner turns it into `Credit`, and `Learner.optimize`
-runs the step:
+needs them `teacher_logp`, `proximal_logp` and `sampler_logp`), the assigner turns it into `Credit`, and
+`Learner.optimize` runs the step:
 
     for each of ppo_epochs:
         for each minibatch (the same rows on every rank):
@@ -44,8 +44,11 @@ class Learner:
     `knobs` are the run's (interventions turn them): the loss's coefficients and the temperature the
     log-probs are taken at are read from them at every update."""
 
-    def __init__(self, cfg: TrainConfig, policy: Policy, accelerator: Any, ranks: Ranks, knobs: Knobs):
+    def __init__(self, cfg: TrainConfig, policy: Policy, accelerator: Any, ranks: Ranks, knobs: Knobs,
+                 teacher: Policy | None = None):
         self.cfg, self.policy, self.accelerator, self.ranks, self.knobs = cfg, policy, accelerator, ranks, knobs
+        # distillation's teacher (agentrl.teacher: frozen, the student's tokenizer), scored like the reference
+        self.teacher = teacher.model if teacher is not None else None
         if cfg.optim.lora.r:
             policy.model = add_lora(policy.model, cfg.optim.lora)
             self.reference = None
@@ -161,6 +164,13 @@ class Learner:
         off = self.policy.model.disable_adapter() if self.reference is None else contextlib.nullcontext()
         with off:
             return self.score(batch, self.reference if self.reference is not None else self.scorer(), owner)
+
+    def teacher_logp(self, batch: TurnBatch, owner: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T) log-probs under the frozen teacher (on-policy distillation), once per batch, in the reference's
+        micro-batches and on each action's own context (segments included); with `owner`, as `reference_logp`."""
+        if self.teacher is None:
+            raise ValueError("teacher_logp: this learner holds no teacher (TrainConfig.teacher, for --algo distill)")
+        return self.score(batch, self.teacher, owner)
 
     def proximal_logp(self, batch: TurnBatch) -> torch.Tensor:
         """(B, T) log-probs under the weights as they are before this update's first step: the proximal

@@ -53,8 +53,21 @@ COLUMNS = [
     ("turns", "rollout/turns_mean", "{:.1f}"),
     ("tok/s", "rollout/tokens_per_s", "{:.0f}"),
 ]
+# shown only in a run that logs them, after the column named: on-policy distillation's reverse KL to the teacher
+# per action token, beside the pass rate it should lift
+OPTIONAL_COLUMNS = [("pass_rate", ("teacher-KL", "credit/teacher_kl", "{:.3f}"))]
 STATUS_STYLE = {"healthy": "green", "notice": "yellow", "alarm": "bold red"}
 SKIP_SCALARS = {"step", "time", "final"}
+
+
+def columns(row: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The console's columns for a run whose rows look like `row`: `COLUMNS`, with each optional column the row
+    logs placed after its neighbour."""
+    out = list(COLUMNS)
+    for after, column in OPTIONAL_COLUMNS:
+        if column[1] in row:
+            out.insert(next(i for i, c in enumerate(out) if c[0] == after) + 1, column)
+    return out
 
 
 def _fmt(row: dict[str, Any], key: str, fmt: str) -> str:
@@ -195,11 +208,12 @@ class Monitor:
     def table(self) -> Table:
         """The dashboard: the last `rows_shown` updates, status coloured."""
         table = Table(box=None, header_style="bold")
-        for name, _, _ in COLUMNS:
+        cols = columns(self.rows[-1]) if self.rows else COLUMNS
+        for name, _, _ in cols:
             table.add_column(name, justify="right")
         table.add_column("status", justify="left")
         for row in self.rows[-self.rows_shown :]:
-            table.add_row(*(_fmt(row, k, f) for _, k, f in COLUMNS), status_text(row))
+            table.add_row(*(_fmt(row, k, f) for _, k, f in cols), status_text(row))
         return table
 
     def _announce(self, record: dict[str, Any]) -> None:
@@ -234,7 +248,7 @@ class Monitor:
             return
         self._announce(record)
         if not self.console.is_terminal:
-            line = "  ".join(f"{name} {_fmt(record, k, f)}" for name, k, f in COLUMNS)
+            line = "  ".join(f"{name} {_fmt(record, k, f)}" for name, k, f in columns(record))
             self.console.print(Text(line + "  status ") + status_text(record))
             return
         if self._live is None:

@@ -33,6 +33,9 @@ Row = dict[str, Any]
 PLOTS = [
     ("pass_rate", "Pass rate: train vs held-out",
      [("rollout/pass_rate", "train (rollout)"), ("eval/pass_rate", "held-out")], "pass rate"),
+    # drawn only for a run that logs it (on-policy distillation), next to the pass rate it should lift
+    ("teacher_kl", "On-policy distillation: reverse KL to the teacher",
+     [("credit/teacher_kl", "KL(student || teacher), per action token")], "nats / token"),
     ("entropy", "Entropy of action tokens", [("train/entropy", "entropy")], "nats / token"),
     ("kl", "KL to the reference (k3)", [("train/kl", "KL")], "per token"),
     ("zero_adv", "Zero-advantage groups",
@@ -200,7 +203,8 @@ def write_report(run_dir: Path | str, out: Path | str | None = None) -> dict[str
                   ("wall time", f"{summary.get('wall_s', 0):.0f} s")]
     elif heldout:
         facts += [("held-out pass rate", " -> ".join(f"{v:.3f}" for _, v in (heldout[0], heldout[-1])))]
-    keys = ["rollout/pass_rate", "eval/pass_rate", "train/entropy", "train/kl", "credit/zero_adv_frac",
+    keys = ["rollout/pass_rate", "eval/pass_rate", "credit/teacher_kl", "train/entropy", "train/kl",
+            "credit/zero_adv_frac",
             "train/clip_low_frac", "train/clip_high_frac",
             "rollout/turns_mean", "rollout/truncated_frac", "train/grad_norm"]
     last_metrics = [(k, _fmt(last[k])) for k in keys if k in last]

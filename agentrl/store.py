@@ -90,6 +90,7 @@ class TurnBatch:
     seg_row: torch.Tensor | None = None  # (B,) long
     seg_pos: torch.Tensor | None = None  # (B, T) long
     sampler_logp: torch.Tensor | None = None  # (B, T) the trainer's, under the weights that sampled (agentrl.mismatch)
+    teacher_logp: torch.Tensor | None = None  # (B, T) a frozen teacher's, for an assigner that reads one (distill)
 
     @property
     def size(self) -> int:
@@ -118,7 +119,7 @@ class TurnBatch:
         if T == self.input_ids.shape[1]:
             return self
         per_token = {"input_ids", "attention_mask", "action_mask", "behaviour_logp", "turn_index", "ref_logp",
-                     "advantages", "prox_logp", "sampler_logp"}
+                     "advantages", "prox_logp", "sampler_logp", "teacher_logp"}
         return replace(self, **{k: getattr(self, k)[:, :T] for k in per_token if getattr(self, k) is not None})
 
     def micro_batches(self, max_tokens: int, by_prompt: bool = False) -> list[torch.Tensor]:

@@ -53,6 +53,7 @@ from agentrl.monitor import Monitor
 from agentrl.policy import Policy
 from agentrl.run_folder import CHECKPOINTS, RunFolder, distributed_kind, read_json, refuse_sharded
 from agentrl.store import TurnBatch, make_batch
+from agentrl.teacher import token_level_teacher
 from agentrl.workers import make_pool
 
 PHASE_LOG = "AGENTRL_PHASE_LOG"  # env var: a file the loop appends its phases to (module docstring)
@@ -136,7 +137,11 @@ class Trainer:
                            dynamic_sampling=cfg.credit.dynamic_sampling if self.spec.resampling else None,
                            verifier_tests=getattr(self.envs[0], "hidden_per_episode", None) if self.envs else None)
 
-        self.learner = Learner(cfg, self.policy, self.accelerator, ranks, self.knobs)  # LoRA, reference, optimizer
+        # distillation (agentrl.teacher): a frozen teacher on the student's tokenizer, for an assigner that reads one
+        teacher = token_level_teacher(cfg.teacher, self.policy, str(source), device, cfg.algo) \
+            if self.spec.reads_teacher else None
+        # LoRA, reference, teacher, optimizer
+        self.learner = Learner(cfg, self.policy, self.accelerator, ranks, self.knobs, teacher=teacher)
         self.assigner = self.spec.load()(cfg.credit, policy=self.policy, train_config=cfg)
         # rollouts that run ahead generate from a copy of the weights (the actor), refreshed after every update
         self.actor = None
@@ -286,12 +291,17 @@ class Trainer:
     def _score_step(self, update: int, episodes: list[Episode], metrics: dict[str, float],
                     ) -> tuple[TurnBatch, torch.Tensor | None]:
         """The batch with the log-probs the credit and the loss read: the reference's (once per batch: the
-        KL and the implicit PRM), the proximal policy's (decoupled PPO), the sampler's (the engine gap).
+        KL and the implicit PRM), a teacher's (distillation), the proximal policy's (decoupled PPO), the sampler's
+        (the engine gap).
         Several processes: also each row's owning rank."""
         cfg, learner = self.cfg, self.learner
         batch = make_batch(episodes, self.policy.chat.pad_id, mask_summary=self.cfg.rollout.context.mask_summary)
         owner = torch.tensor([self.collector.owner[e.group_id] for e in episodes]) if self.ranks.world > 1 else None
         batch = batch.with_(ref_logp=learner.reference_logp(batch, owner))
+        if learner.teacher is not None:  # distillation: the teacher's log-probs of the same tokens, same micro-batches
+            t0 = time.perf_counter()
+            batch = batch.with_(teacher_logp=learner.teacher_logp(batch, owner))
+            metrics["time/teacher_s"] = time.perf_counter() - t0
         if cfg.rollout.max_staleness and cfg.loss.off_policy == "decoupled":
             batch = batch.with_(prox_logp=learner.proximal_logp(batch))
             w = is_weight(batch, cfg.loss.is_cap)[batch.action_mask > 0]

@@ -5,15 +5,15 @@ An assigner is a class constructed as ``cls(config, policy=..., train_config=...
 (`AssignerSpec`) says what the rest of agentrl needs to know before anything is built: its options
 (`config`), whether it assigns credit per turn (`turn_level`, read by the horizon probe and the
 sweep), whether it reads the policy's hidden states (`needs_hidden`, which rules out an engine that
-returns none), and whether it can roll out extra groups when a batch carries no signal
-(`resampling`). The implementation is imported only when a run builds it, so the configuration
-and the command line load without torch.
+returns none), whether it can roll out extra groups when a batch carries no signal
+(`resampling`), and whether it reads a frozen teacher's log-probs (`reads_teacher`). The implementation
+is imported only when a run builds it, so the configuration and the command line load without torch.
 
 Adding an assigner is one module and one `register(AssignerSpec(...))` (docs/extending.md):
 
 >>> from agentrl.algorithms import ASSIGNERS, get_spec
 >>> sorted(ASSIGNERS)
-['arpo', 'gigpo', 'grpo', 'steppo', 'turn-ppo']
+['arpo', 'distill', 'gigpo', 'grpo', 'steppo', 'turn-ppo']
 >>> get_spec("turn-ppo").turn_level, get_spec("grpo").turn_level
 (True, False)
 """
@@ -28,6 +28,7 @@ from agentrl.algorithms.configs import (
     ARPOConfig,
     CreditConfig,
     CriticConfig,
+    DistillConfig,
     GiGPOConfig,
     GRPOConfig,
     StepPOConfig,
@@ -49,6 +50,9 @@ class AssignerSpec:
     # reads the policy's hidden states (under these options)
     needs_hidden: bool | Callable[[CreditConfig], bool] = False
     resampling: bool = False  # honours `dynamic_sampling="resample"`: the trainer rolls out extra batches for it
+    # reads a frozen teacher's log-probs of the action tokens (`TurnBatch.teacher_logp`): the trainer loads
+    # `TrainConfig.teacher` and scores it beside the reference; a run without a teacher is refused
+    reads_teacher: bool = False
 
     def __post_init__(self) -> None:
         default = self.config.model_fields["algo"].default if "algo" in self.config.model_fields else None
@@ -96,6 +100,12 @@ def reads_hidden(name: str, config: CreditConfig | None = None) -> bool:
     return get_spec(name).reads_hidden(config)
 
 
+def teacherless_assigners() -> list[str]:
+    """Registered assigners that train from the verifier alone (no teacher), in registration order: what a
+    bake-off or a sweep can run on any environment."""
+    return [name for name, spec in ASSIGNERS.items() if not spec.reads_teacher]
+
+
 def turn_level_assigners() -> list[str]:
     """Registered assigners that assign credit per turn, in registration order."""
     return [name for name, spec in ASSIGNERS.items() if spec.turn_level]
@@ -118,9 +128,16 @@ register(AssignerSpec("turn-ppo", TurnPPOConfig, f"{_PKG}.turn_ppo:TurnPPO", tur
 register(AssignerSpec("gigpo", GiGPOConfig, f"{_PKG}.gigpo:GiGPO", turn_level=True, resampling=True,
                       description="critic-free step credit: turns from the same state inside a group are compared by "
                       "discounted return (needs state_key)"))
+# per token and from a teacher, not the verifier: never one of the probe's turn-level picks
+register(AssignerSpec("distill", DistillConfig, f"{_PKG}.distill:Distill", turn_level=False, reads_teacher=True,
+                      description="on-policy distillation: each action token's advantage is the teacher's log-prob "
+                      "minus the student's (reverse KL; needs --teacher), optionally plus the verifier's group "
+                      "advantage"))
 
 __all__ = [
-    "ASSIGNERS", "ARPOConfig", "AssignerSpec", "CreditConfig", "CriticConfig", "GRPOConfig", "GiGPOConfig",
+    "ASSIGNERS", "ARPOConfig", "AssignerSpec", "CreditConfig", "CriticConfig", "DistillConfig", "GRPOConfig",
+    "GiGPOConfig",
     "StepPOConfig",
-    "TurnPPOConfig", "get_assigner", "get_spec", "reads_hidden", "register", "turn_level_assigners",
+    "TurnPPOConfig", "get_assigner", "get_spec", "reads_hidden", "register", "teacherless_assigners",
+    "turn_level_assigners",
 ]

@@ -118,3 +118,14 @@ class GiGPOConfig(GRPOConfig):
                          "state score higher (GiGPO's 0.95).")
     omega: float = Field(1.0, description="Weight of the step advantage against the episode advantage (GiGPO's 1).")
     use_step_rewards: bool = Field(False, description="Include the env's info['step_reward'] in the step return.")
+
+
+class DistillConfig(CreditConfig):
+    algo: Annotated[Literal["distill"], Suppress] = "distill"
+    distill_clip: float | None = Field(None, gt=0, description="Clip each token's teacher-student log-ratio to +/- "
+                                       "this; None: unclipped, as on-policy distillation usually runs. A clip keeps "
+                                       "a token the teacher finds near-impossible (a log-ratio of many nats) from "
+                                       "outweighing the rest of its batch.")
+    reward_weight: float = Field(0.0, ge=0.0, description="Add this times the verifier's group-relative advantage "
+                                 "(grpo's, std-normalised) to every action token; 0: the teacher alone is the "
+                                 "signal, which is dense and needs no passing episode in a group.")

@@ -8,9 +8,10 @@ same episode budget, several seeds. Where does turn-level credit pay off?
 Families (`FAMILIES`): `vault` (agentrl's own Vault-v0, the knob `--locks`), `hanoi` (TextArena's
 Tower of Hanoi through agentrl.adapters.textarena_games, the knob `--disks`: 2**disks - 1 moves, every
 episode from TextArena's start), `hanoi-varied` (the same game from a random legal position each episode,
-so held-out episodes are new puzzles), `textworld` (a generated TextWorld quest, the knob `--quest-length`)
-and `frozenlake` (TextArena's FrozenLake, the knob `--size`: 2 * (size - 1) moves). The horizon knob's
-values are given with `--horizons` or its family's name. `--preset ci` is a run small enough for CI
+so held-out episodes are new puzzles), `textworld` (a generated TextWorld quest, the knob `--quest-length`),
+`frozenlake` (TextArena's FrozenLake, the knob `--size`: 2 * (size - 1) moves) and `rg-chain` (reasoning-gym's
+chain_sum one operation a turn, the knob `--difficulty`: terms, one turn each; outcome-only, no step scores).
+The horizon knob's values are given with `--horizons` or its family's name. `--preset ci` is a run small enough for CI
 (one short horizon, two assigners, one seed, two updates).
 
 With `--jobs 2` (the default) the horizons are split between two worker processes of one torch
@@ -53,11 +54,12 @@ from typing import Any
 import numpy as np
 from benchlib import announce, parser, save
 
-from agentrl.algorithms import ASSIGNERS, turn_level_assigners
+from agentrl.algorithms import teacherless_assigners, turn_level_assigners
 
-# Every registered assigner, and which of them assign credit per turn: a newly registered one is swept,
-# and so calibrated into the probe's thresholds (python -m agentrl.probe calibrate), without editing this file.
-ALGOS = list(ASSIGNERS)
+# Every registered assigner that trains from the verifier alone (distill needs a teacher), and which of them
+# assign credit per turn: a newly registered one is swept, and so calibrated into the probe's thresholds
+# (python -m agentrl.probe calibrate), without editing this file.
+ALGOS = teacherless_assigners()
 TURN_LEVEL = set(turn_level_assigners())
 
 
@@ -75,6 +77,7 @@ class Family:
     band: tuple[float, float] | None  # the warm start's held-out pass rate must fall inside (None: not checked)
     noises: tuple[float, ...] = tuple(round(float(x), 2) for x in np.arange(0.05, 0.61, 0.05))
     kwargs: tuple[tuple[str, object], ...] = ()  # fixed env keywords
+    sft_epochs: int = 4  # passes over the demonstrations: a family whose actions copy numbers wants more
 
     def env_kwargs(self, n: int, slack: int) -> dict:
         return {self.knob: n, "slack": slack, **dict(self.kwargs)}
@@ -106,6 +109,12 @@ FAMILIES = {
     # FrozenLake: a size x size board drawn per episode, 2 * (size - 1) moves corner to corner
     "frozenlake": Family("frozenlake", "agentrl/TA-FrozenLake-v0", "size", (3, 5, 7), lambda n: 2 * (n - 1),
                          lambda n: max(2, 2 * (n - 1) // 3), band=(0.1, 0.9)),
+    # reasoning-gym's chain_sum one operation a turn (RG-Chain-v0): difficulty terms, difficulty - 1 calculator
+    # calls and an answer. The fifth family: the only one without step scores, so steppo has none to read
+    # 12 epochs: at 4 the tiny policy wrote calls of the right shape with the wrong numbers, warm starts under 0.1
+    # (docs/benchmarks.md, "The adapters": reasoning-gym's copy needed three times the steps there too)
+    "rg-chain": Family("rg-chain", "agentrl/RG-Chain-v0", "difficulty", (3, 6, 10), lambda n: n,
+                       lambda n: max(1, n // 3), band=(0.1, 0.9), sft_epochs=12),
 }
 
 
@@ -115,7 +124,8 @@ def train_config(env_id: str, env_kw: dict, demos: int, batch: int, noise: float
     from agentrl.config import TinyModelConfig, TrainConfig
 
     return TrainConfig(env={"id": env_id, "kwargs": env_kw}, tiny=TinyModelConfig(max_position_embeddings=2048),
-                       sft={"episodes": demos, "epochs": 4, "noise": noise, "batch_size": batch},
+                       sft={"episodes": demos, "epochs": args.get("sft_epochs") or 4, "noise": noise,
+                            "batch_size": batch},
                        rollout={"groups": args.get("groups", 4), "group_size": args.get("group_size", 8)},
                        eval={"episodes": args.get("eval_episodes", 128), "every": 0}, updates=args.get("updates", 20))
 
@@ -142,6 +152,50 @@ def calibrate(family: Family, n: int, target: float = 0.5, episodes: int = 400) 
     return best
 
 
+def warm_horizon(family: Family, n: int, args: dict) -> tuple[dict, Any, Path, Any]:
+    """One horizon's warm start, as the sweep builds it: the expert's slip rate calibrated, the SFT sized, the
+    warm start rebuilt while its held-out pass rate falls outside `args["band"]`. Returns the horizon's record
+    (no runs yet), its TrainConfig, the warm start's folder and its evaluation. benchmarks/probe_preregister.py
+    calls it too, so a probe written down before a sweep probes the warm start that sweep will train from."""
+    from agentrl.config import TinyModelConfig
+    from agentrl.evaluation import evaluate
+    from agentrl.policy import Policy
+    from agentrl.stages.warm_start import warm_start
+
+    tiny = TinyModelConfig(max_position_embeddings=2048)
+    band = args.get("band")
+    t0 = time.perf_counter()
+    target, tries = 0.5, []
+    while True:
+        slack, noise, expert = calibrate(family, n, target)
+        env_kw = family.env_kwargs(n, slack)
+        max_turns = family.max_turns(n, slack)
+        # the same number of SFT steps (~375) at every horizon: fewer, longer demonstrations in smaller
+        # batches (too few steps left the 8-lock policy unable to add). Vault's sizing is by locks; other
+        # families' by turns (a Vault episode has ~2 turns per lock)
+        per = n if family.name == "vault" else max(1, round(max_turns / 2))
+        demos = min(3000, max(300, args.get("lock_examples", 9000) // per))
+        batch = min(32, max(4, round(96 / per)))
+        base = train_config(family.env_id, env_kw, demos, batch, noise, args)
+        folder = warm_start(base.env.id, env_kw, tiny, base.sft, seed=0)
+        warm = evaluate(base, Policy.load(folder), None, tiny.max_position_embeddings)
+        tries.append({"target_expert_pass_rate": round(target, 2), "noise": noise, "expert_pass_rate": expert,
+                      "warm_start_pass_rate": warm.pass_rate})
+        print(f"[{family.knob} {n}] slack {slack}, noise {noise} (expert {expert:.2f}), warm start "
+              f"{warm.pass_rate:.3f}", flush=True)
+        if band is None or band[0] <= warm.pass_rate <= band[1] or len(tries) >= args.get("band_tries", 3):
+            break
+        # too good: more slips in the demonstrations; too poor: fewer
+        target = target - 0.2 if warm.pass_rate > band[1] else target + 0.2
+        target = min(0.95, max(0.05, target))
+    h = {family.knob: n, "knob": family.knob, "size": n, "env_kwargs": env_kw, "slack": slack,
+         "max_turns": max_turns, "noise": noise,
+         "expert_pass_rate": expert, "demos": demos, "sft_batch": batch, "warm_start_pass_rate": warm.pass_rate,
+         "in_band": None if band is None else bool(band[0] <= warm.pass_rate <= band[1]),
+         "warm_start_tries": tries, "warm_start_s": time.perf_counter() - t0, "runs": {}}
+    return h, base, Path(folder), warm
+
+
 def smooth(xs: list[float], k: int = 3) -> list[float]:
     return [float(np.mean(xs[max(0, i - k + 1) : i + 1])) for i in range(len(xs))]
 
@@ -149,10 +203,11 @@ def smooth(xs: list[float], k: int = 3) -> list[float]:
 def main() -> None:
     ap = parser(__doc__)
     ap.add_argument("--family", choices=sorted(FAMILIES), default="vault", help="the task family (default vault)")
-    ap.add_argument("--horizons", "--locks", "--disks", "--quest-length", "--size", dest="horizons", type=int,
-                    nargs="+", default=None, help="the horizon knob's values (vault: locks, turns ~ 2 * locks + "
-                    "slack; hanoi, hanoi-varied: disks, 2**disks - 1 moves + slack; textworld: quest length; "
-                    "frozenlake: board size, 2 * (size - 1) moves); default: the family's")
+    ap.add_argument("--horizons", "--locks", "--disks", "--quest-length", "--size", "--difficulty", dest="horizons",
+                    type=int, nargs="+", default=None, help="the horizon knob's values (vault: locks, turns ~ 2 * "
+                    "locks + slack; hanoi, hanoi-varied: disks, 2**disks - 1 moves + slack; textworld: quest length; "
+                    "frozenlake: board size, 2 * (size - 1) moves; rg-chain: terms, one turn each + slack); default: "
+                    "the family's")
     ap.add_argument("--algos", nargs="+", default=ALGOS)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--updates", type=int, default=20)
@@ -163,6 +218,8 @@ def main() -> None:
                     "(Vault: constant sum examples)")
     ap.add_argument("--band", type=float, nargs=2, default=None, metavar=("LO", "HI"), help="rebuild a warm start "
                     "whose held-out pass rate falls outside [LO, HI] (default: the family's; Vault none)")
+    ap.add_argument("--sft-epochs", type=int, default=None, help="SFT epochs of each warm start (default: the "
+                    "family's, 4 but for rg-chain)")
     ap.add_argument("--band-tries", type=int, default=3, help="warm starts built per horizon at most, with --band")
     ap.add_argument("--out", default="runs/horizon-sweep")
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (one torch thread each); 1: run here")
@@ -181,6 +238,8 @@ def main() -> None:
         args.horizons = list(family.horizons)
     if args.band is None and family.band is not None:
         args.band = list(family.band)
+    if args.sft_epochs is None:
+        args.sft_epochs = family.sft_epochs
     if args.band is not None and not 0 <= args.band[0] < args.band[1] <= 1:
         ap.error(f"--band: need 0 <= LO < HI <= 1, got {args.band}")
     if args.from_json:
@@ -200,11 +259,8 @@ def main() -> None:
     from rich.console import Console
 
     import agentrl.adapters.textarena_games  # noqa: F401  (registers the TA- ids)
-    from agentrl.config import TinyModelConfig, TrainConfig
-    from agentrl.evaluation import evaluate
+    from agentrl.config import TrainConfig
     from agentrl.monitor import Monitor
-    from agentrl.policy import Policy
-    from agentrl.stages.warm_start import warm_start
     from agentrl.trainer import Trainer
 
     out = Path(args.out)
@@ -213,38 +269,8 @@ def main() -> None:
     results: dict = {"started": time.strftime("%Y-%m-%d %H:%M"), "family": family.name, "env_id": family.env_id,
                      "knob": family.knob, "args": {k: v for k, v in vars(args).items() if v is not None},
                      "horizons": {}}
-    tiny = TinyModelConfig(max_position_embeddings=2048)
     for n in args.horizons:
-        t0 = time.perf_counter()
-        target, tries = 0.5, []
-        while True:
-            slack, noise, expert = calibrate(family, n, target)
-            env_kw = family.env_kwargs(n, slack)
-            max_turns = family.max_turns(n, slack)
-            # the same number of SFT steps (~375) at every horizon: fewer, longer demonstrations in smaller
-            # batches (too few steps left the 8-lock policy unable to add). Vault's sizing is by locks; other
-            # families' by turns (a Vault episode has ~2 turns per lock)
-            per = n if family.name == "vault" else max(1, round(max_turns / 2))
-            demos = min(3000, max(300, args.lock_examples // per))
-            batch = min(32, max(4, round(96 / per)))
-            base = train_config(family.env_id, env_kw, demos, batch, noise, vars(args))
-            folder = warm_start(base.env.id, env_kw, tiny, base.sft, seed=0)
-            policy = Policy.load(folder)
-            warm = evaluate(base, policy, None, tiny.max_position_embeddings)
-            tries.append({"target_expert_pass_rate": round(target, 2), "noise": noise, "expert_pass_rate": expert,
-                          "warm_start_pass_rate": warm.pass_rate})
-            print(f"[{family.knob} {n}] slack {slack}, noise {noise} (expert {expert:.2f}), warm start "
-                  f"{warm.pass_rate:.3f}", flush=True)
-            if args.band is None or args.band[0] <= warm.pass_rate <= args.band[1] or len(tries) >= args.band_tries:
-                break
-            # too good: more slips in the demonstrations; too poor: fewer
-            target = target - 0.2 if warm.pass_rate > args.band[1] else target + 0.2
-            target = min(0.95, max(0.05, target))
-        h = {family.knob: n, "knob": family.knob, "size": n, "env_kwargs": env_kw, "slack": slack,
-             "max_turns": max_turns, "noise": noise,
-             "expert_pass_rate": expert, "demos": demos, "sft_batch": batch, "warm_start_pass_rate": warm.pass_rate,
-             "in_band": None if args.band is None else bool(args.band[0] <= warm.pass_rate <= args.band[1]),
-             "warm_start_tries": tries, "warm_start_s": time.perf_counter() - t0, "runs": {}}
+        h, base, folder, warm = warm_horizon(family, n, vars(args))
         threshold = warm.pass_rate + 0.5 * (1 - warm.pass_rate)
         h["threshold"] = threshold
         for algo in args.algos:
@@ -301,6 +327,7 @@ def run_parallel(args: argparse.Namespace) -> None:
                "--seeds", *map(str, args.seeds), "--updates", str(args.updates), "--groups", str(args.groups),
                "--group-size", str(args.group_size), "--eval-episodes", str(args.eval_episodes),
                "--lock-examples", str(args.lock_examples), *band, "--band-tries", str(args.band_tries),
+               "--sft-epochs", str(args.sft_epochs),
                "--out", str(out / f"part{i}")]
         print(f"worker {i}: {family.knob} {b}", flush=True)
         procs.append(subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}))

@@ -62,3 +62,13 @@ def vault_policy_dir(tmp_path_factory):
 @pytest.fixture
 def vault_policy(vault_policy_dir):
     return Policy.load(vault_policy_dir)
+
+
+@pytest.fixture(scope="session")
+def teacher_dir(vault_policy_dir, tmp_path_factory):
+    """A second micro policy on `vault_policy_dir`'s tokenizer (the same corpus) with weights of its own (seed 1):
+    a teacher for distillation."""
+    env = make("agentrl/Vault-v0", locks=2)
+    folder = tmp_path_factory.mktemp("teacher")
+    build_tiny_policy(expert_texts(env, range(60), noise=0.3), folder, MICRO, seed=1)
+    return folder

@@ -134,7 +134,7 @@ def test_cli_rejects_bad_config_before_any_work(tmp_path, capsys):
     assert "rollout.group_sise" in capsys.readouterr().err
     assert main(["train", "--algo", "nope", "--out", str(out)]) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert "unknown algorithm 'nope'; known: arpo, gigpo, grpo, steppo, turn-ppo" in err
+    assert "unknown algorithm 'nope'; known: arpo, distill, gigpo, grpo, steppo, turn-ppo" in err
     assert main(["train", "--env", "agentrl/Nope-v0", "--out", str(out)]) == 2
     assert "unknown environment" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:  # tyro answers a bad flag value itself, on stderr, exit 2

@@ -4,6 +4,9 @@
 - ``agentrl/RG-v0``: single-turn. The task's question, one ``answer`` call, its score.
 - ``agentrl/RG-Calc-v0``: multi-turn. The same question with an exact ``calculator`` and a ``note``
   scratchpad beside ``answer``; the turn budget is ``max_turns`` (default 4).
+- ``agentrl/RG-Chain-v0``: chain_sum worked one operation a turn: ``difficulty`` terms take
+  ``difficulty - 1`` calculator calls and an answer, within ``difficulty + slack`` turns; the reward is
+  the final answer's score alone (no step scores): the horizon probe's fifth family.
 
 ``task`` is any reasoning-gym dataset name (``chain_sum``, ``leg_counting``, ``word_sorting``, ...);
 ``config`` passes that dataset's own options; ``difficulty`` is one knob for the tasks listed in
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
@@ -45,6 +49,7 @@ DIFFICULTY: dict[str, Callable[[int], dict[str, Any]]] = {
     "gcd": lambda d: {"min_numbers": d, "max_numbers": d},
     "word_sorting": lambda d: {"min_words": d, "max_words": d},
 }
+ONE_OPERATION = re.compile(r"\s*-?\d+\s*[-+*/]\s*-?\d+\s*")  # RG-Chain's calculator: two numbers, one operator
 ITEMS = 1_000_000  # items per dataset; an item is generated from (dataset_seed, index) when read
 
 
@@ -172,7 +177,70 @@ class ReasoningGymCalcEnv(ReasoningGymEnv):
         return super().expert_action(noise)
 
 
+class ReasoningGymChainEnv(ReasoningGymCalcEnv):
+    """chain_sum with a calculator that takes one operation a call: a sum of `difficulty` terms is
+    `difficulty - 1` calls and an answer, so the knob sets the horizon. Only the answer is scored:
+    the env offers no step scores, so an assigner that reads them has none to read.
+
+    >>> env = ReasoningGymChainEnv(difficulty=3, slack=1)
+    >>> obs, _ = env.reset(seed=0)
+    >>> env.max_turns, obs.split(": ")[-1]
+    (4, '1 - 7 + 5 =')
+    >>> while not env.step(env.expert_action())[2]:
+    ...     pass
+    >>> env.turn, env.verify()
+    (3, 1.0)
+    """
+
+    system_prompt = ("Work out the sum one operation at a time: the calculator takes two numbers a call. "
+                     "Then answer.")
+
+    def __init__(self, difficulty: int = 3, slack: int = 1, dataset_seed: int = 0):
+        if difficulty < 2 or slack < 0:
+            raise ValueError(f"RG-Chain: need difficulty >= 2 and slack >= 0, got {difficulty} and {slack}")
+        super().__init__(task="chain_sum", difficulty=difficulty, dataset_seed=dataset_seed,
+                         max_turns=difficulty + slack)
+        self.slack = slack
+
+    def calculator(self, expression: str) -> str:
+        """Evaluate one operation on two numbers, e.g. "-3 + 8"."""
+        if not ONE_OPERATION.fullmatch(expression):
+            return "calculator error: one operation on two numbers a call, e.g. \"-3 + 8\""
+        value = calculate(expression)
+        if self.folded + 1 < len(self.partials) and value == self.partials[self.folded + 1]:
+            self.folded += 1  # the next partial sum: what the expert carries on from
+        return f"{expression} = {fmt(value)}"
+
+    tools = [calculator, ReasoningGymEnv.answer]
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        obs, info = super().reset(seed=seed, options=options)
+        tokens = self.entry["metadata"]["expression"].split()  # "7 - 7 + 7": terms and operators, spaced
+        self.terms = [int(tokens[0])] + [int(op + t) for op, t in zip(tokens[1::2], tokens[2::2])]
+        self.partials = [sum(self.terms[: k + 1]) for k in range(len(self.terms))]
+        self.folded = 0  # partial sums reached on the calculator
+        return obs, info
+
+    def expert_action(self, noise: float = 0.0) -> str:
+        """The next operation on the running total, then the answer. A slip (probability `noise` a turn)
+        is a miscopied number (a wasted turn; the slack absorbs it) or, one slip in four, an answer given
+        before the sum is done."""
+        rng = self.np_random
+        k = self.folded
+        if k + 1 == len(self.partials):
+            return _call("answer", answer=str(self.partials[k]))
+        term = self.terms[k + 1]
+        if noise > 0 and rng.random() < noise:
+            if rng.random() < 0.25:
+                return _call("answer", answer=str(self.partials[k]))
+            term += 1
+        sign = "-" if term < 0 else "+"
+        return _call("calculator", expression=f"{self.partials[k]} {sign} {abs(term)}")
+
+
 gymnasium.register(id="agentrl/RG-v0", entry_point="agentrl.adapters.reasoning_gym_tasks:ReasoningGymEnv",
                    kwargs={"task": "chain_sum", "difficulty": 3}, disable_env_checker=True, order_enforce=False)
 gymnasium.register(id="agentrl/RG-Calc-v0", entry_point="agentrl.adapters.reasoning_gym_tasks:ReasoningGymCalcEnv",
                    kwargs={"task": "basic_arithmetic", "difficulty": 3}, disable_env_checker=True, order_enforce=False)
+gymnasium.register(id="agentrl/RG-Chain-v0", entry_point="agentrl.adapters.reasoning_gym_tasks:ReasoningGymChainEnv",
+                   kwargs={"difficulty": 3, "slack": 1}, disable_env_checker=True, order_enforce=False)

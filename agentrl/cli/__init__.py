@@ -4,6 +4,7 @@
     agentrl sft --out warm/ [--data demos.jsonl] [--model ...]
     agentrl dpo --model warm/ --out pref/
     agentrl pipeline [--algo grpo]                         # SFT -> DPO -> RL
+    agentrl distill --mode rejection|on-policy --teacher MODEL
     agentrl probe [--env ...] | --store RUN_DIR             # horizon report, recommended assigner
     agentrl check-env my_pkg.envs:MyEnv
     agentrl verify-probe --env agentrl/Code-v0
@@ -25,7 +26,7 @@ parses, checks, calls the layers below and prints:
 
     flags         what the commands share: --config / --set / --agent, the generated parser, the checks
                   that fail before any work (UsageError), --resume / --overwrite
-    training      train, sft, dpo, pipeline, serve-policy
+    training      train, sft, dpo, pipeline, distill, serve-policy
     probe         probe
     environments  check-env, serve-env, show-prompt, verify-probe
     info          report, algos, models
@@ -41,13 +42,14 @@ from agentrl.cli.environments import cmd_check_env, cmd_serve_env, cmd_show_prom
 from agentrl.cli.flags import UsageError, _err
 from agentrl.cli.info import cmd_algos, cmd_models, cmd_report
 from agentrl.cli.probe import cmd_probe
-from agentrl.cli.training import cmd_dpo, cmd_pipeline, cmd_serve_policy, cmd_sft, cmd_train
+from agentrl.cli.training import cmd_distill, cmd_dpo, cmd_pipeline, cmd_serve_policy, cmd_sft, cmd_train
 
 COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "train": (cmd_train, "RL on an environment (defaults: tiny policy, SFT warm start, Vault, CPU, minutes)"),
     "sft": (cmd_sft, "stage one: fine-tune on demonstrations"),
     "dpo": (cmd_dpo, "stage two: DPO / SimPO / IPO on multi-turn episodes"),
-    "pipeline": (cmd_pipeline, "SFT -> DPO -> RL with the held-out pass rate after every stage"),
+    "pipeline": (cmd_pipeline, "SFT -> (distill) -> DPO -> RL with the held-out pass rate after every stage"),
+    "distill": (cmd_distill, "distil a teacher into the student: rejection sampling + SFT, or on-policy"),
     "probe": (cmd_probe, "horizon report: measure episodes and recommend a credit assigner"),
     "check-env": (cmd_check_env, "does an environment follow the AgentEnv contract?"),
     "serve-env": (cmd_serve_env, "serve an environment as an OpenEnv server"),

@@ -213,6 +213,15 @@ def _check_expert(env_id: str, kwargs: dict[str, Any]) -> None:
         raise UsageError(f"environment {env_id}: {NO_EXPERT}")
 
 
+def _check_teacher(cfg: TrainConfig) -> None:
+    """An assigner that reads a teacher (--algo distill) without --teacher fails here, before any work."""
+    from agentrl.algorithms import get_spec
+
+    if get_spec(cfg.algo).reads_teacher and cfg.teacher is None:
+        raise UsageError(f"--algo {cfg.algo} scores the student's tokens under a teacher: give --teacher MODEL (a "
+                         "folder, hub id or a name `agentrl models` fetches) that shares the student's tokenizer")
+
+
 def _check_device(device: str) -> None:
     if device.startswith("cuda"):
         import torch

@@ -47,7 +47,7 @@ class ProbeCommand(Strict):
                           "the learning curves (minutes per assigner).")
     bakeoff_updates: int = Field(10, ge=1, description="Updates per bake-off run.")
     bakeoff_algos: list[str] | None = Field(None, description="Assigners to run in the bake-off; default all "
-                                            "registered.")
+                                            "registered that need no teacher.")
     bakeoff_eval: int = Field(32, ge=1, description="Held-out episodes per bake-off evaluation.")
 
 

@@ -1,12 +1,13 @@
 """The commands that train: `train` (RL), `sft` and `dpo` (the stages on their own), `pipeline` (SFT ->
-DPO -> RL) and `serve-policy` (RL on an agent in another process)."""
+(distill) -> DPO -> RL), `distill` (a teacher into the student) and `serve-policy` (RL on an agent in another
+process)."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
@@ -18,12 +19,22 @@ from agentrl.cli.flags import (
     _check_device,
     _check_env,
     _check_expert,
+    _check_teacher,
     _console,
     _parse,
     _run_flags,
     _single_process,
 )
-from agentrl.config import DPOConfig, EnvConfig, SFTConfig, Strict, TinyModelConfig, TrainConfig, describe_errors
+from agentrl.config import (
+    DPOConfig,
+    EnvConfig,
+    RejectionConfig,
+    SFTConfig,
+    Strict,
+    TinyModelConfig,
+    TrainConfig,
+    describe_errors,
+)
 
 TRAIN_HELP = ("RL on an environment. Without --model, builds a tiny policy for the environment and warm-starts it by "
               "SFT on noisy expert demonstrations (cached under $AGENTRL_CACHE, default ~/.cache/agentrl), then rolls "
@@ -64,6 +75,7 @@ def cmd_train(argv: Sequence[str]) -> int:
         if cfg.model is None and cfg.sft.warm_start is None:
             _check_expert(cfg.env.id, cfg.env.kwargs)
     _check_device(cfg.device)
+    _check_teacher(cfg)
     from agentrl.distributed import launch, launched
 
     if flags.num_processes > 1:
@@ -79,6 +91,7 @@ def cmd_train(argv: Sequence[str]) -> int:
     from agentrl.evaluation import resolve_device
     from agentrl.run_folder import ResumeUnsupported
     from agentrl.stages.pipeline import train
+    from agentrl.teacher import TeacherMismatch
 
     decisions: dict[str, Any] = {}
     if auto and launched():  # the main process probes, and every rank trains what it picked
@@ -91,7 +104,7 @@ def cmd_train(argv: Sequence[str]) -> int:
         cfg, decisions = _probe_for_auto(cfg)
     try:
         train(cfg, decisions=decisions or None, resume=flags.resume is not None, overwrite=flags.overwrite)
-    except ResumeUnsupported as e:  # found before any work (FSDP / DeepSpeed): a usage error, not a traceback
+    except (ResumeUnsupported, TeacherMismatch) as e:  # found before any training: a usage error, not a traceback
         raise UsageError(str(e)) from None
     return 0
 
@@ -205,13 +218,22 @@ class PipelineFlags(RunFlags):
     dpo: DPOConfig = Field(default_factory=DPOConfig, description="Stage two's options.")
     dpo_stage: bool = Field(True, description="Run stage two (preference optimisation); --no-dpo-stage goes from SFT "
                             "straight to RL.")
+    distill: Literal["off", "rejection", "on-policy"] = Field(
+        "off", description="Distil --teacher into the SFT policy before DPO and RL (agentrl distill's modes); off: no "
+        "teacher, the recipe as before.")
+    distill_updates: int = Field(20, ge=1, description="--distill on-policy: updates of --algo distill.")
+    rejection: RejectionConfig = Field(default_factory=RejectionConfig, description="--distill rejection's "
+                                       "sampling.")
+    stop_after_distill: bool = Field(False, description="End the pipeline after the distillation stage: the recipe "
+                                     "for a small policy, where distillation often gains more than RL would.")
 
 
 def cmd_pipeline(argv: Sequence[str]) -> int:
-    cfg, flags, auto = _run_flags(argv, "agentrl pipeline", "The recipe: SFT -> DPO/SimPO/IPO -> RL on one train "
-                                  "config, each stage in its own folder under --out, with the held-out pass rate "
-                                  "after every stage; --updates 0 skips RL. --resume PIPELINE_DIR goes on at the "
-                                  "first stage that did not finish (RL from its newest checkpoint).",
+    cfg, flags, auto = _run_flags(argv, "agentrl pipeline", "The recipe: SFT -> (distill) -> DPO/SimPO/IPO -> RL on "
+                                  "one train config, each stage in its own folder under --out, with the held-out "
+                                  "pass rate after every stage; --distill MODE --teacher MODEL adds distillation, "
+                                  "--updates 0 skips RL. --resume PIPELINE_DIR goes on at the first stage that did "
+                                  "not finish (RL from its newest checkpoint).",
                                   extra=PipelineFlags)
     _single_process("pipeline")
     if auto:
@@ -227,12 +249,19 @@ def cmd_pipeline(argv: Sequence[str]) -> int:
 
     from rich.table import Table
 
+    from agentrl.stages.distill import DistillStage
     from agentrl.stages.pipeline import run_pipeline
 
+    if flags.distill != "off" and cfg.teacher is None:
+        raise UsageError(f"--distill {flags.distill} distils a teacher: give --teacher MODEL")
+    if flags.stop_after_distill and flags.distill == "off":
+        raise UsageError("--stop-after-distill needs a distillation stage: --distill rejection or on-policy")
+    distill = None if flags.distill == "off" else DistillStage(flags.distill, flags.distill_updates, flags.rejection,
+                                                                flags.stop_after_distill)
     out = Path(cfg.out or f"runs/pipeline-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         result = run_pipeline(cfg.model_copy(update={"out": str(out)}), flags.dpo if flags.dpo_stage else None, out,
-                              resume=flags.resume is not None, overwrite=flags.overwrite)
+                              resume=flags.resume is not None, overwrite=flags.overwrite, distill=distill)
     except ValueError as e:  # a resumed pipeline whose stage two options differ from the recorded ones
         raise UsageError(str(e)) from None
     table = Table(title="held-out pass rate by stage")
@@ -241,6 +270,64 @@ def cmd_pipeline(argv: Sequence[str]) -> int:
     for s in result["stages"]:
         table.add_row(s["stage"], f"{s['held_out_pass_rate']:.3f}", f"{s['seconds']:.0f}")
     _console().print(table)
+    return 0
+
+
+# -- distill --------------------------------------------------------------------------------------------
+
+DISTILL_HELP = ("Distil a stronger teacher (--teacher MODEL) into the student (--model, or the tiny policy's warm "
+                "start). --mode rejection samples the teacher --rejection.k times on each of --rejection.tasks "
+                "training tasks, keeps the best episode of each task that the verifier passes, writes them to "
+                "OUT/data.jsonl and fine-tunes the student on them (the SFT stage: --sft.epochs, --sft.lr); any "
+                "tokenizer. --mode on-policy is `agentrl train --algo distill`: the student samples and each action "
+                "token's advantage is the teacher's log-prob minus the student's (the same tokenizer). "
+                "docs/distillation.md.")
+
+
+class DistillFlags(RunFlags):
+    mode: Literal["rejection", "on-policy"] = Field("rejection", description="rejection (the default: it takes a "
+                                                    "teacher with any tokenizer): SFT on the teacher's best passing "
+                                                    "episodes; on-policy: RL with the teacher's per-token log-ratio "
+                                                    "as the advantage (--algo distill, the student's tokenizer).")
+    rejection: RejectionConfig = Field(default_factory=RejectionConfig, description="--mode rejection's sampling.")
+
+
+def cmd_distill(argv: Sequence[str]) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument("--mode")
+    p.add_argument("--algo")
+    pre = p.parse_known_args(list(argv))[0]
+    if pre.mode == "on-policy":  # the RL loop with the distill assigner: agentrl train's flags, --resume included
+        if pre.algo not in (None, "distill"):
+            raise UsageError(f"--mode on-policy trains with --algo distill, not {pre.algo}")
+        if any(a.startswith("--rejection.") for a in argv):
+            raise UsageError("--rejection.* options are for --mode rejection")
+        return cmd_train(["--algo", "distill", *_without_flag(_without_flag(argv, "--mode"), "--algo")])
+    cfg, flags, auto = _run_flags(argv, "agentrl distill", DISTILL_HELP, DistillFlags)
+    if flags.print_config:
+        print(cfg.to_yaml(), end="")
+        return 0
+    _single_process("distill --mode rejection")
+    if flags.resume is not None or auto:
+        raise UsageError("--mode rejection runs from its start (no --resume, no --algo auto)")
+    if cfg.teacher is None:
+        raise UsageError("--mode rejection samples a teacher: give --teacher MODEL (a folder, hub id or a name "
+                         "`agentrl models` fetches; any tokenizer)")
+    _check_env(cfg.env.id, cfg.env.kwargs)
+    if cfg.model is None and cfg.sft.warm_start is None:
+        _check_expert(cfg.env.id, cfg.env.kwargs)
+    _check_device(cfg.device)
+    import time
+
+    from agentrl.stages.data import DataError
+    from agentrl.stages.distill import NothingToDistil, run_rejection
+
+    try:
+        run_rejection(cfg, flags.rejection, Path(cfg.out or f"runs/distill-{time.strftime('%Y%m%d-%H%M%S')}"))
+    except (DataError, NothingToDistil) as e:  # a teacher that passes nothing: said as an error, not a traceback
+        raise UsageError(str(e)) from None
     return 0
 
 

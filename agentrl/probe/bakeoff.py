@@ -43,18 +43,19 @@ def bakeoff(
     eval_episodes: int = 32,
     say: Callable[[str], None] | None = None,
 ) -> list[BakeoffRun]:
-    """Train each of `algos` (None: every registered assigner) for `updates` updates from the same start
-    (the config's model or warm start), on the same seed and budget, and record the learning curves."""
+    """Train each of `algos` (None: every registered assigner that needs no teacher) for `updates` updates from
+    the same start (the config's model or warm start), on the same seed and budget, and record the learning
+    curves."""
     say = say or agentrl_log.say(__name__)
     import json
     import time
 
-    from agentrl.algorithms import ASSIGNERS
+    from agentrl.algorithms import teacherless_assigners
     from agentrl.config import TrainConfig
     from agentrl.evaluation import evaluate
     from agentrl.trainer import Trainer
 
-    algos = list(ASSIGNERS) if algos is None else algos
+    algos = teacherless_assigners() if algos is None else algos  # distill needs a teacher the probe has not
 
     runs = []
     warm = None

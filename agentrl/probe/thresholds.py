@@ -18,6 +18,7 @@ True
 
 from __future__ import annotations
 
+import hashlib
 import json
 from importlib import resources
 from typing import Any
@@ -300,3 +301,33 @@ def default_thresholds() -> ProbeThresholds:
     """The thresholds the probe uses unless told otherwise: the packaged calibration (thresholds fitted to
     another sweep: `agentrl.probe.calibration.thresholds_from_file`)."""
     return packaged_thresholds()
+
+
+# The probe as frozen for a prediction written down before its sweep (benchmarks/probe_preregister.py): a
+# change to the rules or to the thresholds is a new version, so that a prediction names the probe that made it
+# and a later probe cannot be judged by an earlier one's record. tests/test_probe.py holds these digests to the
+# files: changing thresholds.json or a default threshold fails there until the version and digests move too.
+PROBE_VERSION = "1"
+FROZEN_SHA256 = {
+    "thresholds.json": "e2b34784f0e5f4c251187ec788ea0a37d7c63bdeed207aba017bf328dd2e7311",
+    "resolved": "32ce02b81595381532ba10e8506ba08d6532c6c5f6d28f9fd78330f5752cbac0",
+}
+
+
+def probe_fingerprint() -> dict[str, str]:
+    """What identifies the probe that makes a recommendation: `PROBE_VERSION`, and sha256 digests of the packaged
+    thresholds file, of the thresholds it resolves to (the file over the code's defaults) and of the rules' source.
+
+    >>> f = probe_fingerprint()
+    >>> f["probe_version"] == PROBE_VERSION, f["thresholds_sha256"] == FROZEN_SHA256["thresholds.json"]
+    (True, True)
+    """
+    here = resources.files("agentrl.probe")  # rules.py is read, not imported: it imports this module
+    raw = (here / PACKAGED).read_bytes()
+    resolved = json.dumps(packaged_thresholds().model_dump(mode="json"), sort_keys=True).encode()
+    return {
+        "probe_version": PROBE_VERSION,
+        "thresholds_sha256": hashlib.sha256(raw).hexdigest(),
+        "resolved_thresholds_sha256": hashlib.sha256(resolved).hexdigest(),
+        "rules_sha256": hashlib.sha256((here / "rules.py").read_bytes()).hexdigest(),
+    }

@@ -1,8 +1,9 @@
 """The recipe's stages in order, one call each. `train`: the tiny policy's SFT warm start where no model is
-given, then the RL loop (what `agentrl train` runs). `run_pipeline`: SFT -> DPO/SimPO/IPO -> RL, each stage in
-its own folder (what `agentrl pipeline` runs).
+given, then the RL loop (what `agentrl train` runs). `run_pipeline`: SFT -> (distill) -> DPO/SimPO/IPO -> RL,
+each stage in its own folder (what `agentrl pipeline` runs).
 
     out/sft/   the warm-started policy (HF folder) and its metrics
+    out/distill/   with a distillation stage: the student after it (agentrl.stages.distill)
     out/dpo/   the preference-tuned policy, pairs statistics, dpo_metrics.jsonl
     out/rl/    the RL run (config.yaml, metrics.jsonl, store/, checkpoint/, summary.json)
     out/pipeline.json   held-out pass rate after every stage, and seconds per stage
@@ -29,6 +30,7 @@ from agentrl.monitor import Monitor
 from agentrl.policy import Policy
 from agentrl.registry import make
 from agentrl.rollout import rollout
+from agentrl.stages.distill import DistillStage, run_stage
 from agentrl.stages.dpo import pairs_from_episodes, train_preferences
 from agentrl.stages.warm_start import KEY_FILE, warm_start, warm_start_from_data
 
@@ -204,8 +206,9 @@ def collect_groups(cfg: TrainConfig, policy: Policy, groups: int, group_size: in
 
 def run_pipeline(cfg: TrainConfig, dpo: DPOConfig | None, out: str | Path,
                  say: Callable[[str], None] | None = None, resume: bool = False,
-                 overwrite: bool = False) -> dict[str, Any]:
-    """SFT, then preference optimisation (skipped when `dpo` is None), then RL (skipped when
+                 overwrite: bool = False, distill: DistillStage | None = None) -> dict[str, Any]:
+    """SFT, then distillation from `cfg.teacher` (when `distill` is given; the pipeline ends there with its
+    `stop_after`), then preference optimisation (skipped when `dpo` is None), then RL (skipped when
     cfg.updates == 0). Returns the per-stage table.
 
     The stages resume at their own boundaries: with `resume`, a stage that `pipeline.json` records as
@@ -221,7 +224,7 @@ def run_pipeline(cfg: TrainConfig, dpo: DPOConfig | None, out: str | Path,
                          "from a model")
     out = Path(out)
     if overwrite and out.is_dir():
-        for name in ("sft", "dpo", "rl"):
+        for name in ("sft", "distill", "dpo", "rl"):
             shutil.rmtree(out / name, ignore_errors=True)
         for name in ("pipeline.json", "dpo_metrics.jsonl", "config.yaml"):
             (out / name).unlink(missing_ok=True)
@@ -232,6 +235,10 @@ def run_pipeline(cfg: TrainConfig, dpo: DPOConfig | None, out: str | Path,
     if resume and done and done.get("dpo") != stage_two:
         raise ValueError(f"--resume {out}: stage two's options differ from the ones this pipeline ran with "
                          f"({done.get('dpo')}); a resumed pipeline keeps them")
+    distilling = distill.record() if distill is not None else None
+    if resume and done and done.get("distill") != distilling:
+        raise ValueError(f"--resume {out}: the distillation stage's options differ from the ones this pipeline ran "
+                         f"with ({done.get('distill')}); a resumed pipeline keeps them")
     if not resume:
         (out / "config.yaml").write_text(cfg.to_yaml())  # --resume reads it back, as for a train run
     stages: list[dict[str, Any]] = list(done.get("stages", []))
@@ -240,7 +247,7 @@ def run_pipeline(cfg: TrainConfig, dpo: DPOConfig | None, out: str | Path,
 
     def save_record() -> None:
         tmp = record_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"dpo": stage_two, "stages": stages}, indent=2))
+        tmp.write_text(json.dumps({"dpo": stage_two, "distill": distilling, "stages": stages}, indent=2))
         tmp.replace(record_path)  # a kill leaves the old record or the new, never half of one
 
     def record(stage: str, policy: Policy, seconds: float, extra: dict[str, Any] | None = None) -> Any:
@@ -269,6 +276,20 @@ def run_pipeline(cfg: TrainConfig, dpo: DPOConfig | None, out: str | Path,
         policy = Policy.load(out / "sft")
         last = record("sft", policy, time.perf_counter() - t0)
     current = out / "sft"
+
+    if distill is not None:  # a stronger teacher's knowledge first (agentrl.stages.distill)
+        model_dir = distill.model_dir(out / "distill")
+        if distill.name in finished and (model_dir / "config.json").is_file():
+            policy, last = Policy.load(model_dir), recorded(distill.name)
+        else:
+            t0 = time.perf_counter()
+            extra = run_stage(cfg, distill, current, out / "distill", last, say)
+            policy = Policy.load(model_dir)
+            last = record(distill.name, policy, time.perf_counter() - t0, extra)
+        current = model_dir
+        if distill.stop_after:
+            say(f"[{distill.name}] the pipeline stops after distillation (--stop-after-distill)")
+            return {"stages": stages, "out": str(out)}
 
     if dpo is not None and dpo.loss in finished and (out / "dpo" / "config.json").is_file():
         policy, last, current = Policy.load(out / "dpo"), recorded(dpo.loss), out / "dpo"

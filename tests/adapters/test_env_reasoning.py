@@ -107,3 +107,34 @@ def test_noisy_expert_is_reproducible_and_costs_something():
     first = [play(env, s, noise=0.6) for s in range(20)]
     assert first == [play(env, s, noise=0.6) for s in range(20)]
     assert 0 < sum(r for r, _ in first) < 20
+
+
+def test_rg_chain_takes_one_operation_a_turn_and_scores_only_the_answer():
+    from agentrl.adapters.reasoning_gym_tasks import ReasoningGymChainEnv
+
+    assert [(r.name, r.message) for r in check_env("agentrl/RG-Chain-v0", difficulty=4, slack=1) if not r.ok] == []
+    env = ReasoningGymChainEnv(difficulty=3, slack=1)
+    obs, _ = env.reset(seed=0)
+    assert obs.endswith("1 - 7 + 5 =")  # -1, by hand: -6 after one operation
+    obs, reward, *_, info = env.step(call("calculator", expression="1 - 7 + 5"))
+    assert "one operation" in obs and reward == 0.0 and info["step_reward"] == 0.0
+    obs, _, terminated, _, info = env.step(call("calculator", expression="1 - 7"))
+    assert obs.endswith("= -6") and not terminated and info["step_reward"] == 0.0  # progress is never scored
+    assert env.step(call("answer", answer="-1"))[1:3] == (1.0, True)
+    rewards = [play(ReasoningGymChainEnv(difficulty=6, slack=2), seed)[0] for seed in range(20)]
+    assert rewards == [1.0] * 20  # the noise-free expert passes
+    _, actions = play(ReasoningGymChainEnv(difficulty=6, slack=2), 0)
+    assert len(actions) == 6  # five operations and the answer
+
+
+def test_the_sweeps_rg_chain_family_sets_the_turn_budget_by_its_terms():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from horizon_sweep import FAMILIES
+
+    fam = FAMILIES["rg-chain"]
+    for n in fam.horizons:
+        env = agentrl.make(fam.env_id, **fam.env_kwargs(n, fam.slack(n)))
+        assert env.max_turns == fam.max_turns(n, fam.slack(n)) == n + fam.slack(n)

@@ -244,7 +244,7 @@ def test_gigpo_unique_states_reduce_to_grpo_and_missing_keys_fail():
 
 
 def test_every_assigner_is_registered_with_config_and_description():
-    assert set(ASSIGNERS) == {"grpo", "arpo", "steppo", "turn-ppo", "gigpo"}
+    assert set(ASSIGNERS) == {"grpo", "arpo", "steppo", "turn-ppo", "gigpo", "distill"}
     for name, spec in ASSIGNERS.items():
         assert spec.name == name and spec.description and spec.config().algo == name and callable(spec.load())
     # what each declares, as its module's maths says
@@ -252,3 +252,4 @@ def test_every_assigner_is_registered_with_config_and_description():
     assert {n for n, s in ASSIGNERS.items() if s.reads_hidden()} == {"arpo", "turn-ppo"}  # steppo's default PRM is env
     assert ASSIGNERS["steppo"].reads_hidden(StepPOConfig(prm="learned"))
     assert {n for n, s in ASSIGNERS.items() if s.resampling} == {"grpo", "arpo", "steppo", "gigpo"}
+    assert {n for n, s in ASSIGNERS.items() if s.reads_teacher} == {"distill"}

@@ -663,3 +663,14 @@ def test_lofo_regret_is_the_mean_over_horizons_and_the_bootstrap_brackets_it():
     one = {"1": {"grpo": [0.6], "steppo": [0.5]}}
     assert lofo.interval(lofo.boot_regrets(one, {"s": {"1": "steppo"}}, 50, np.random.default_rng(0))["s"]) == \
         [pytest.approx(0.1), pytest.approx(0.1)]
+
+
+def test_the_probes_thresholds_are_frozen_under_its_version():
+    """A pre-registered prediction (benchmarks/results/probe_preregistered.json) names the probe that made it:
+    changing the thresholds without a new PROBE_VERSION would let a later probe borrow its record."""
+    from agentrl.probe.thresholds import FROZEN_SHA256, PROBE_VERSION, probe_fingerprint
+
+    f = probe_fingerprint()
+    assert (f["thresholds_sha256"], f["resolved_thresholds_sha256"]) == (
+        FROZEN_SHA256["thresholds.json"], FROZEN_SHA256["resolved"]), (
+        f"the probe's thresholds changed under PROBE_VERSION {PROBE_VERSION}: bump it and record the new digests")

@@ -2,8 +2,8 @@
 
 `_run_layers` calls the embedding, the rotary tables, each decoder layer, the final norm and the LM head in turn,
 without the model-level wrappers; `_layer` runs a decoder layer's own ops (`_LAYERS`: llama, qwen2, qwen3) without
-its module calls. The same ops on the same numbers: tests/engines/test_engine_padding.py holds the logits, the cache and the
-hidden states equal bit for bit to the model's own forward.
+its module calls. The same ops on the same numbers: tests/engines/test_engine_padding.py holds the logits, the
+cache and the hidden states equal bit for bit to the model's own forward.
 """
 
 from __future__ import annotations
