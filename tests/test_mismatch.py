@@ -151,8 +151,8 @@ def test_a_planted_gap_fires_engine_mismatch(tmp_path, vault_policy_dir, monkeyp
 
     real = trainer_module.make_batch
 
-    def planted(episodes, pad_id):  # the engine reports every action token 1 nat less likely than it was
-        batch = real(episodes, pad_id)
+    def planted(episodes, pad_id, **kw):  # the engine reports every action token 1 nat less likely than it was
+        batch = real(episodes, pad_id, **kw)
         return batch.with_(behaviour_logp=batch.behaviour_logp - batch.action_mask)
 
     monkeypatch.setattr(trainer_module, "make_batch", planted)
