@@ -150,12 +150,7 @@ def baseline_episodes(policy: Policy, locks: int, seeds: list[int], new_tokens: 
     """`generate()` once per turn over every live episode's re-encoded history (`regenerate`). `actions_out`
     gets each turn's actions (turn, row, tokens): tests/test_multi_turn_baselines.py compares the baselines."""
     chat: ChatFormat = policy.chat
-    torch.manual_seed(seeds[0])
-    envs = [make("agentrl/Vault-v0", locks=locks, slack=0) for _ in seeds]
-    history = []
-    for env, seed in zip(envs, seeds):
-        obs, _ = env.reset(seed=seed)
-        history.append(chat.prompt_ids(obs, env.tool_schemas(), env.system_prompt))
+    envs, history = _episodes_start(chat, locks, seeds)
     live, turns = list(range(len(envs))), [0] * len(envs)
     while live:
         width = max(len(history[i]) for i in live)
@@ -182,6 +177,18 @@ def baseline_episodes(policy: Policy, locks: int, seeds: list[int], new_tokens: 
     return [len(h) for h in history]
 
 
+def _episodes_start(chat: ChatFormat, locks: int, seeds: list[int]) -> tuple[list, list[list[int]]]:
+    """Both baselines' start: the sampler seeded, one Vault per seed (slack 0: every episode runs its whole
+    budget) and each one's prompt ids."""
+    torch.manual_seed(seeds[0])
+    envs = [make("agentrl/Vault-v0", locks=locks, slack=0) for _ in seeds]
+    prompts = []
+    for env, seed in zip(envs, seeds):
+        obs, _ = env.reset(seed=seed)
+        prompts.append(chat.prompt_ids(obs, env.tool_schemas(), env.system_prompt))
+    return envs, prompts
+
+
 def sampling(new_tokens: int, greedy: bool) -> dict:
     """generate()'s sampling settings, the same for both baselines: every action exactly `new_tokens` long."""
     draw = {"do_sample": False} if greedy else {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
@@ -200,12 +207,7 @@ def carry_cache_episodes(policy: Policy, locks: int, seeds: list[int], new_token
     from transformers import DynamicCache
 
     chat: ChatFormat = policy.chat
-    torch.manual_seed(seeds[0])
-    envs = [make("agentrl/Vault-v0", locks=locks, slack=0) for _ in seeds]
-    chunks = []
-    for env, seed in zip(envs, seeds):
-        obs, _ = env.reset(seed=seed)
-        chunks.append(chat.prompt_ids(obs, env.tool_schemas(), env.system_prompt))
+    envs, chunks = _episodes_start(chat, locks, seeds)
     cache = DynamicCache()
     ids = torch.zeros((len(envs), 0), dtype=torch.long)  # (B, T): every token so far, pads included
     mask = torch.zeros_like(ids)
