@@ -30,12 +30,13 @@ stays visible (they agree to well under 1%). Replaying one fixed action sequence
 processor of our own, an overhead no real framework pays. A trained policy was not chosen either:
 it stops at different turns on each side, so the two would not do the same work.
 
-Per horizon the sides are timed in turn (`--repeats` repeats, median), after a warm-up of each. Each repeat
-exposes every side to the same stretch of the machine: one round of each baseline, and around them engine rounds for
-as long (half before, half after; the repeat's engine time is their mean). A 32-turn engine round lasts seconds and a
-baseline round a minute and a half, and this machine's speed drifts by 10-30% over minutes (the engine's rounds of
-one run took 6.6 to 8.1 s while the baseline's held within 2%): timed once each, an engine round samples an instant
-where a baseline round averages its minute and a half.
+Each side runs in fresh Python processes (`--repeats` of them, the median reported, the order rotating), never
+beside another side. The engine retunes glibc's malloc for its whole process (`keep_freed_memory`), and a side
+that ran after it in the same process timed on that allocator, not the one a transformers user has; a process
+also carries its heap and its first-call costs from one side into the next. In each process a warm-up of a
+few episodes at every horizon meets the shapes once before any timing, and the engine times several rounds
+(its rounds last seconds) where a baseline times one. `engine_spread` and `<baseline>_spread` are each side's
+(max - min) / median over its processes: how far one process's timing is from another's.
 Time per episode is fitted as `a * turns^k` for each side. Re-encoding the history makes the
 baseline's tokens processed grow as turns^2 (k near 2). The engine processes each token once, so
 its forwards grow linearly, but every token still attends to the whole context before it, and
@@ -45,7 +46,8 @@ cache also holds padding holes: each turn's observations are left-padded to the 
 
     python benchmarks/multi_turn.py
     python benchmarks/multi_turn.py --locks 2 8 16 20 --episodes 32 --new-tokens 16 --repeats 3
-    python benchmarks/multi_turn.py --quick             # 4 and 16 turns, 16 episodes, one round
+    python benchmarks/multi_turn.py --quick             # 4 and 16 turns, 16 episodes, one repeat
+    python benchmarks/multi_turn.py --locks 16 --episodes 8 --model smollm2-135m-instruct --baselines carry_cache
     python benchmarks/multi_turn.py --engine-only       # the engine's side alone (its exponent, no ratio)
 
 Last line: one JSON object with the figures; `ratio` is the engine's episodes/s divided by the
@@ -64,12 +66,18 @@ memory bandwidth) and the per-forward cost of the layers.
 
 from __future__ import annotations
 
+import argparse
 import functools
+import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -84,7 +92,11 @@ from agentrl.registry import make
 from agentrl.rollout import rollout
 from agentrl.stages.sft import expert_texts
 
-MAX_ENGINE_ROUNDS = 24  # a repeat's engine rounds at most (the shortest horizons' rounds last a fraction of a second)
+WARMUP_EPISODES = 4  # each process's warm-up batch at every horizon: the shapes seen once, at a fraction of the cost
+ENGINE_ROUNDS = 3  # timed engine rounds per horizon in its process (a round lasts seconds; a baseline's, minutes)
+PROTOCOL = ("each side in fresh Python processes, one per repeat, the order rotating between repeats; in each, a "
+            f"warm-up of {WARMUP_EPISODES} episodes at every horizon, then the timed rounds (the engine's median of "
+            f"{ENGINE_ROUNDS}, a baseline's one); per side the median over repeats")
 MODEL = TinyModelConfig(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
                         num_key_value_heads=2, max_position_embeddings=4096)
 
@@ -253,74 +265,134 @@ def timed(run: Callable[[], list[int]]) -> tuple[float, list[int]]:
     return time.perf_counter() - t0, out
 
 
+def load_policy(model: str, folder: str) -> Policy:
+    """The policy every side times: the tiny one built in `folder` (by the parent) or a fetched model."""
+    if model == "tiny":
+        policy = Policy.load(folder)
+    else:
+        from agentrl.models import resolve
+
+        policy = Policy.load(resolve(model))
+    policy.model.eval()
+    return policy
+
+
+def run_side(args) -> dict:
+    """One side in this (fresh) process: a warm-up of `WARMUP_EPISODES` episodes at every horizon, then its timed
+    rounds at each (the engine's median of `ENGINE_ROUNDS`, a baseline's one round), and with `--profile` the
+    engine's attention profile at the longest horizon. Returns what the parent aggregates."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one "Loading weights" bar per process would bury the progress lines
+    policy = load_policy(args.model, args.out)
+    seeds = list(range(args.episodes))
+    run = engine_episodes if args.side == "engine" else BASELINES[args.side]
+    for locks in args.locks:  # the shapes of every horizon once (allocator, kernels) before any timing
+        run(policy, locks, seeds[:WARMUP_EPISODES], args.new_tokens)
+    out: dict = {"side": args.side, "malloc_tuned": malloc_tuned(), "horizons": {}}
+    for locks in args.locks:
+        counts: dict[str, int] = {}
+        rounds, tokens = [], []
+        for _ in range(ENGINE_ROUNDS if args.side == "engine" else 1):
+            t, tokens = timed(functools.partial(run, policy, locks, seeds, args.new_tokens,
+                                                **({"counts": counts} if args.side == "engine" else {})))
+            rounds.append(t)
+        out["horizons"][str(locks)] = {"rounds_s": rounds, "s": statistics.median(rounds),
+                                       "tokens": statistics.mean(tokens), "counts": counts}
+    if args.profile:
+        attention: dict[str, float] = {}
+        pairs: dict[str, int] = {}
+        t0 = time.perf_counter()
+        with attention_timed(attention, policy.model.config.num_attention_heads):
+            engine_episodes(policy, args.locks[-1], seeds, args.new_tokens, pairs)
+        out["profile"] = {"attention": attention, "pairs": pairs, "seconds": time.perf_counter() - t0}
+    out["num_parameters"] = policy.num_parameters
+    out["threads"] = torch.get_num_threads()
+    return out
+
+
+def malloc_tuned() -> bool:
+    """Whether this process's glibc malloc was retuned by the engine (`keep_freed_memory`): only the engine's
+    process should be; a baseline runs on the allocator a transformers user has."""
+    from agentrl.engines.torch.cpu import malloc
+
+    return malloc._malloc_tuned
+
+
+def spawn_side(args, side: str, profile: bool) -> dict:
+    """Run one side in a fresh Python process (this script with `--side`) and read back its result."""
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        result_file = Path(f.name)
+    cmd = [sys.executable, __file__, "--side", side, "--side-result", str(result_file), "--model", args.model,
+           "--out", args.out, "--episodes", str(args.episodes), "--new-tokens", str(args.new_tokens),
+           "--locks", *map(str, args.locks), *(["--profile"] if profile else [])]
+    subprocess.run(cmd, check=True)
+    try:
+        return json.loads(result_file.read_text())
+    finally:
+        result_file.unlink(missing_ok=True)
+
+
 def main() -> None:
-    ap = parser(__doc__, quick="a smoke run: 4 and 16 turns, 16 episodes, 1 round")
+    ap = parser(__doc__, quick="a smoke run: 4 and 16 turns, 16 episodes, 1 repeat")
     ap.add_argument("--locks", type=int, nargs="+", default=[2, 8, 16, 20], help="horizons: 2*locks turns each")
     ap.add_argument("--episodes", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=16, help="tokens per action (every action is this long)")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="fresh processes per side (the median is reported)")
+    ap.add_argument("--model", default="tiny",
+                    help="tiny (the untrained ~0.9M Llama, built here) or a fetched model, e.g. smollm2-135m-instruct")
     ap.add_argument("--engine-only", action="store_true", help="time the engine alone (no baseline, no ratio)")
     ap.add_argument("--baselines", nargs="+", choices=sorted(BASELINES), default=sorted(BASELINES),
                     help="the generate() loops timed against the engine (default both); `ratio` is against the "
                     "stronger")
     ap.add_argument("--out", default="/tmp/agentrl-bench-multi-turn",
                     help="where the tiny policy is built (the JSON always goes to benchmarks/results/)")
+    ap.add_argument("--save", default=None, help="write the JSON here instead of benchmarks/results/")
+    ap.add_argument("--side", choices=["engine", *sorted(BASELINES)], help=argparse.SUPPRESS)
+    ap.add_argument("--side-result", help=argparse.SUPPRESS)
+    ap.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.side:
+        Path(args.side_result).write_text(json.dumps(run_side(args)))
+        return
     if args.quick:
         args.locks, args.episodes, args.repeats = [2, 8], 16, 1
     if args.repeats < 1:
-        ap.error(f"--repeats {args.repeats}: at least one round is needed to time the two sides")
+        ap.error(f"--repeats {args.repeats}: at least one fresh process per side is needed")
+    if args.episodes < WARMUP_EPISODES:
+        ap.error(f"--episodes {args.episodes}: at least {WARMUP_EPISODES} (the warm-up's batch)")
     baselines = [] if args.engine_only else list(args.baselines)
-    sides = ("engine", *baselines)
+    sides = ["engine", *baselines]
     load_before = round(os.getloadavg()[0], 2)
+    if args.model == "tiny":
+        build_tiny_policy(expert_texts(make("agentrl/Vault-v0", locks=4, slack=0), range(200), noise=0.3), args.out,
+                          MODEL, seed=0)
 
-    build_tiny_policy(expert_texts(make("agentrl/Vault-v0", locks=4, slack=0), range(200), noise=0.3), args.out, MODEL,
-                      seed=0)
-    policy = Policy.load(args.out)
-    policy.model.eval()
-    seeds = list(range(args.episodes))
-    engine_episodes(policy, 1, seeds, args.new_tokens)  # warm-up (a fresh model's first calls are slow)
-    for name in baselines:
-        BASELINES[name](policy, 1, seeds, args.new_tokens)
+    per_repeat: dict[str, list[dict]] = {side: [] for side in sides}
+    for r in range(args.repeats):
+        order = sides[r % len(sides):] + sides[:r % len(sides)]  # who goes first rotates: no side always first
+        for side in order:
+            result = spawn_side(args, side, profile=side == "engine" and r == args.repeats - 1)
+            per_repeat[side].append(result)
+            at_last = result["horizons"][str(args.locks[-1])]
+            print(f"repeat {r + 1}/{args.repeats}: {side:11s} {at_last['s'] / args.episodes:.4f} s/episode at "
+                  f"{2 * args.locks[-1]} turns (fresh process, malloc retuned: {result['malloc_tuned']})", flush=True)
 
     rows = []
     for locks in args.locks:
-        secs: dict[str, list[float]] = {side: [] for side in sides}  # per repeat
-        rounds: list[list[float]] = []  # each repeat's engine rounds
-        tokens: dict[str, list[int]] = {}
-        counts: dict[str, int] = {}
-
-        engine_run = functools.partial(engine_episodes, policy, locks, seeds, args.new_tokens, counts)
-        before = 1  # engine rounds ahead of the baseline's: one at first, then half the last baseline round's time
-        for _ in range(args.repeats):
-            if args.engine_only:
-                t, tokens["engine"] = timed(engine_run)
-                rounds.append([t])
-            else:
-                around = []
-                for _ in range(before):
-                    t, tokens["engine"] = timed(engine_run)
-                    around.append(t)
-                base = 0.0  # every baseline's round, one after another, with the engine's rounds around them all
-                for name in baselines:
-                    t, tokens[name] = timed(functools.partial(BASELINES[name], policy, locks, seeds, args.new_tokens))
-                    secs[name].append(t)
-                    base += t
-                after: list[float] = []
-                while not after or (sum(after) < base / 2 and len(around) + len(after) < MAX_ENGINE_ROUNDS):
-                    t, tokens["engine"] = timed(engine_run)
-                    after.append(t)
-                rounds.append(around + after)
-                before = max(1, min(MAX_ENGINE_ROUNDS // 2, round(base / 2 / statistics.mean(rounds[-1]))))
-            secs["engine"].append(statistics.mean(rounds[-1]))
+        key = str(locks)
+        secs = {side: [res["horizons"][key]["s"] for res in per_repeat[side]] for side in sides}
+        counts = per_repeat["engine"][-1]["horizons"][key]["counts"]
         eng = statistics.median(secs["engine"])
         row = {
             "locks": locks, "turns": 2 * locks,
             "engine_episodes_per_s": round(args.episodes / eng, 2),
             "engine_s_per_episode": round(eng / args.episodes, 4),
-            "engine_tokens_per_episode": round(statistics.mean(tokens["engine"]), 1),
-            "engine_s": [round(s, 3) for s in secs["engine"]],  # each repeat's mean round
-            "engine_rounds_s": [[round(s, 3) for s in r] for r in rounds],
+            "engine_tokens_per_episode": round(per_repeat["engine"][-1]["horizons"][key]["tokens"], 1),
+            "engine_s": [round(s, 3) for s in secs["engine"]],  # each fresh process's median round
+            "engine_rounds_s": [[round(s, 3) for s in res["horizons"][key]["rounds_s"]]
+                                for res in per_repeat["engine"]],
+            "engine_spread": round((max(secs["engine"]) - min(secs["engine"])) / eng, 3),
             # rows x cache width summed over the engine's forwards: the share of it that was padding (holes)
             "engine_forwards": counts["forwards"],
             "engine_ms_per_forward": round(1000 * eng / counts["forwards"], 2),
@@ -338,8 +410,9 @@ def main() -> None:
             row.update({
                 f"{name}_episodes_per_s": round(args.episodes / base, 2),
                 f"{name}_s_per_episode": round(base / args.episodes, 4),
-                f"{name}_tokens_per_episode": round(statistics.mean(tokens[name]), 1),
+                f"{name}_tokens_per_episode": round(per_repeat[name][-1]["horizons"][key]["tokens"], 1),
                 f"{name}_s": [round(s, 3) for s in secs[name]],
+                f"{name}_spread": round((max(secs[name]) - min(secs[name])) / base, 3),
                 f"ratio_{name}": round(base / eng, 2),
             })
             line += (f", {name} {row[f'{name}_episodes_per_s']:7.2f} episodes/s ({row[f'{name}_s_per_episode']:.3f} "
@@ -351,12 +424,8 @@ def main() -> None:
         print(line, flush=True)
 
     last = rows[-1]
-    attention: dict[str, float] = {}
-    pairs: dict[str, int] = {}
-    t0 = time.perf_counter()
-    with attention_timed(attention, policy.model.config.num_attention_heads):
-        engine_episodes(policy, last["locks"], seeds, args.new_tokens, pairs)
-    profiled = time.perf_counter() - t0
+    profile = per_repeat["engine"][-1]["profile"]
+    attention, pairs, profiled = profile["attention"], profile["pairs"], profile["seconds"]
     share = sum(attention.values()) / profiled
     # each kind's attention time times its share of padded query-key pairs: what padding cost, free in the what-if
     padded = {k: 1 - pairs[f"{k}_pairs_real"] / max(pairs[f"{k}_pairs"], 1) for k in ("chunk", "decode")}
@@ -374,17 +443,16 @@ def main() -> None:
     exponent = {side: float(np.polyfit(turns, np.log([r[f"{side}_s_per_episode"] for r in rows]), 1)[0])
                 if len(rows) > 1 else None for side in sides}
     result = {
-        "benchmark": "multi_turn",
         "env": "agentrl/Vault-v0 (slack 0, untrained policy: every episode runs 2*locks turns)",
-        "model_parameters": policy.num_parameters,
-        "model": MODEL.model_dump(),
+        "model": args.model,
+        "model_parameters": per_repeat["engine"][-1]["num_parameters"],
+        **({"model_config": MODEL.model_dump()} if args.model == "tiny" else {}),
         "episodes": args.episodes,
         "new_tokens": args.new_tokens,
         "repeats": args.repeats,
-        "engine_timing": None if args.engine_only else (
-            "per repeat, the mean of engine rounds run around one baseline round for about as long as it (half "
-            "before, half after), so that both sides see the same stretch of the machine; the median over repeats"),
-        "threads": torch.get_num_threads(),
+        "protocol": PROTOCOL,
+        "malloc_retuned": {side: per_repeat[side][-1]["malloc_tuned"] for side in sides},
+        "threads": per_repeat["engine"][-1]["threads"],
         "horizons": rows,
         **{f"{side}_time_exponent": None if k is None else round(k, 3) for side, k in exponent.items()},
         "engine_padding_fraction": rows[-1]["engine_padding_fraction"],
@@ -405,7 +473,8 @@ def main() -> None:
             "over real context and the layers' per-forward cost")
     if exponent["engine"] is not None:
         print("time per episode ~ turns^k: " + ", ".join(f"{side} k = {k:.2f}" for side, k in exponent.items()))
-    report("multi_turn", result, args.quick)  # adds the machine and the command
+    name = "multi_turn" if args.model == "tiny" else f"multi_turn_{args.model.split('-')[0]}"
+    report(name, result, args.quick, path=args.save)  # adds the machine and the command
 
 
 if __name__ == "__main__":

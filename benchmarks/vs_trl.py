@@ -86,7 +86,7 @@ from agentrl.stages.sft import expert_texts  # noqa: E402
 from examples.custom_env import Arithmetic, call  # noqa: E402
 
 MODEL = TinyModelConfig(hidden_size=128, intermediate_size=416, num_hidden_layers=4, num_attention_heads=4,
-                        num_key_value_heads=2, max_position_embeddings=512, vocab_size=1024)
+                        num_key_value_heads=2, max_position_embeddings=1024, vocab_size=1024)
 LR = 2e-4  # agentrl's default policy learning rate, used by both
 CLIP_EPS = 0.2
 
