@@ -105,11 +105,12 @@ def test_a_planted_mismatch_fails():
     shown = m[1]
     planted = text.replace(m[0], m[0].replace(shown, f"{float(shown) + 0.02:.2f}", 1), 1)
     count, problems = check_figures(planted, "planted")
-    assert len(problems) == 1 and "multi_turn.json ratio" in problems[0] and "the JSON 12.01" in problems[0]
+    ratio = json.loads((RESULTS / "multi_turn.json").read_text())["ratio"]
+    assert len(problems) == 1 and "multi_turn.json ratio" in problems[0] and f"the JSON {ratio}" in problems[0]
     # within the rounding shown is agreement; one digit fewer shown widens it
-    assert check_figures("12.0×<!-- figure: multi_turn.json ratio -->", "x")[1] == []
-    assert check_figures("12×<!-- figure: multi_turn.json ratio -->", "x")[1] == []
-    assert len(check_figures("12.1×<!-- figure: multi_turn.json ratio -->", "x")[1]) == 1
+    assert check_figures(f"{ratio:.1f}×<!-- figure: multi_turn.json ratio -->", "x")[1] == []
+    assert check_figures(f"{ratio:.0f}×<!-- figure: multi_turn.json ratio -->", "x")[1] == []
+    assert len(check_figures(f"{ratio + 0.1:.1f}×<!-- figure: multi_turn.json ratio -->", "x")[1]) == 1
     # a key or a file that is not there, or a marker with no figure before it, is reported, not skipped
     assert "no key" in check_figures("1.0<!-- figure: multi_turn.json no_such_key -->", "x")[1][0]
     assert "no such JSON" in check_figures("1.0<!-- figure: nothing.json ratio -->", "x")[1][0]
