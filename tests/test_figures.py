@@ -32,10 +32,7 @@ NUMBER_BEFORE = re.compile(r"(?P<num>-?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?)(?:\*\*|
 
 # docs/benchmarks.md sections that link a committed JSON but carry no marker yet (issue 49: the list only shrinks)
 UNMARKED = {
-    "Every assigner on the defaults", "Recipe ablation: equal episode budget after SFT",
-    "Horizon sweep: every assigner on Vault at several horizons",
-    "Horizon sweep on a family we did not write: TextArena's Tower of Hanoi",
-    "The probe out of sample: Vault's thresholds on Tower of Hanoi", "The adapters: short training runs",
+    "The adapters: short training runs",
     "The warm start", "Slow tools",
     "The real sandbox: Code-v0", "Continuous batching", "Rollouts ahead of training", "More than one process",
     "Health alarms: a run made to fail on purpose", "Engine mismatch",
