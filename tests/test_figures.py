@@ -9,9 +9,9 @@ and the key it comes from, a dotted path whose integer parts index lists, option
 The marker renders as nothing. The figure is the number written just before it (markup and a unit between
 them are allowed: `**`, `×`, `%`, ` s`), and it agrees when it equals the JSON's value within the rounding it
 is shown with (half a unit of its last digit; in e-notation, `2.7e-14`, of its mantissa's last digit). A hyphen
-just before a number reads as its minus sign, so a marked range is written `313 to 1,261 s`. A section of docs/benchmarks.md that links a committed JSON (a
-markdown link to it) carries at least one marker, or is named in `UNMARKED` (sections not yet brought under the
-convention: the list only shrinks).
+just before a number reads as its minus sign, so a marked range is written `313 to 1,261 s`. A section of
+docs/benchmarks.md that links a committed JSON (a markdown link to it) carries at least one marker, or is named
+in `UNMARKED` (sections not yet brought under the convention: the list only shrinks, and is empty now).
 """
 
 from __future__ import annotations
@@ -31,12 +31,7 @@ LINK = re.compile(r"\]\((?:\.\./)?benchmarks/results/[\w/]+\.json\)")  # a markd
 NUMBER_BEFORE = re.compile(r"(?P<num>-?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?)(?:\*\*|×|x|%| s|\)|`)*$")
 
 # docs/benchmarks.md sections that link a committed JSON but carry no marker yet (issue 49: the list only shrinks)
-UNMARKED = {
-    "The adapters: short training runs",
-    "The warm start", "Slow tools",
-    "The real sandbox: Code-v0", "Continuous batching", "Rollouts ahead of training", "More than one process",
-    "Health alarms: a run made to fail on purpose", "Engine mismatch",
-}
+UNMARKED: set[str] = set()
 
 
 def lookup(data: object, key: str) -> object:
