@@ -109,11 +109,12 @@ def step_cost(config: Any, params: int, batch: int, context: float) -> tuple[flo
     layers, heads, kv_heads = config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads
     embed = config.vocab_size * config.hidden_size
     tied = getattr(config, "tie_word_embeddings", False)
-    # every weight is read once; a tied LM head reads the embedding matrix (counted once in `params`)
-    weight_bytes = 4 * params
-    kv_bytes = 4 * 2 * layers * kv_heads * head_dim * context * batch
-    # the input embedding is a lookup, not a matmul; tied, its matrix is the LM head's (a matmul), counted once
+    # The input embedding is a lookup (a row per token, not the matrix); tied, its matrix is also the LM head's, a
+    # matmul that reads all of it (counted once in `params`). Every other weight is read once and used in a matmul
+    # (the norms' few weights counted with them).
     matmul_params = params if tied else params - embed
+    weight_bytes = 4 * matmul_params
+    kv_bytes = 4 * 2 * layers * kv_heads * head_dim * context * batch
     flops = 2 * matmul_params * batch + 4 * layers * heads * head_dim * context * batch
     return weight_bytes + kv_bytes, flops
 
