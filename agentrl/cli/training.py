@@ -18,6 +18,7 @@ from agentrl.cli.flags import (
     _check_agent,
     _check_device,
     _check_env,
+    _check_eval_sources,
     _check_expert,
     _check_teacher,
     _console,
@@ -76,6 +77,7 @@ def cmd_train(argv: Sequence[str]) -> int:
             _check_expert(cfg.env.id, cfg.env.kwargs)
     _check_device(cfg.device)
     _check_teacher(cfg)
+    _check_eval_sources(cfg)
     from agentrl.distributed import launch, launched
 
     if flags.num_processes > 1:
