@@ -21,9 +21,12 @@ evaluated on every source at step 0 by this same code, then every `every` update
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from agentrl.collector import EpisodeErrors, raise_on_errors
 from agentrl.config import EvalSource, TrainConfig
@@ -167,9 +170,9 @@ class Source:
         except Exception as e:
             raise RuntimeError(f"{self.where}: scorer {self.cfg.scorer} raised on seed {episode.seed}: "
                                f"{type(e).__name__}: {e}") from e
-        if isinstance(value, bool):
+        if isinstance(value, (bool, np.bool_)):
             return float(value)
-        if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:  # NaN fails the range too
+        if not isinstance(value, numbers.Real) or not 0.0 <= value <= 1.0:  # NaN fails the range too
             raise ValueError(f"{self.where}: scorer {self.cfg.scorer} returned {value!r} on seed {episode.seed}; "
                              "expected a number in [0, 1] or a bool")
         return float(value)
@@ -203,7 +206,7 @@ def resolve_sources(cfg: TrainConfig) -> list[Source]:
         env = s.env or cfg.env
         try:  # built once here, with the arguments it will run with: a bad id or argument fails now
             kwargs = heldout_kwargs(env.id, env.kwargs)
-            make(env.id, **kwargs)
+            make(env.id, **kwargs).close()
         except Exception as e:  # make() says what is wrong with the env; this says which source asked for it
             raise ValueError(f"{where}: env {env.id}: {e}") from None
         offset = cfg.eval.seed_offset if s.seed_offset is None else s.seed_offset
