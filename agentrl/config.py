@@ -358,7 +358,12 @@ class EvalSource(Strict):
     name: str = Field(description="What the metrics are called: eval/<name>/pass@k; letters, digits, _ . - (no "
                       "slash: it is one segment of the key).")
     env: EnvConfig | None = Field(None, description="The environment, given as the training env is (id and kwargs). "
-                                  "None: the training env itself, on this source's own seeds and samples.")
+                                  "None (and no agent): the training env itself, on this source's own seeds and "
+                                  "samples.")
+    agent: AgentConfig | None = Field(None, description="An agent of your own through the gateway instead of an env "
+                                      "(docs/gateway.md), on its held-out tasks: agent.heldout, else the task "
+                                      "function at this source's seeds, else the tasks file's last `episodes` "
+                                      "records. Scored by the agent's own reward (solve's, or agent.verify).")
     seed_offset: int | None = Field(None, ge=0, description="The source's tasks are the seeds seed_offset, "
                                     "seed_offset + 1, ... (episodes of them). None: eval.seed_offset, which training's "
                                     "task stream never reaches, so a source on the training env is held out too. An "
@@ -395,6 +400,15 @@ class EvalSource(Strict):
         if v is not None and not _SCORER.fullmatch(v):
             raise ValueError(f"scorer {v!r}: expected module:function or path/to/file.py:function")
         return v
+
+    @model_validator(mode="after")
+    def _env_or_agent(self) -> EvalSource:
+        if self.agent is not None and self.env is not None:
+            raise ValueError(f"source {self.name!r}: give env or agent, not both")
+        if self.agent is not None and self.scorer is not None:
+            raise ValueError(f"source {self.name!r}: an agent scores its own episodes (solve's reward, or "
+                             "agent.verify); scorer is for an env source")
+        return self
 
 
 class EvalConfig(Strict):

@@ -160,7 +160,7 @@ class Source:
         every = self.cfg.every
         return bool(every) and update % every == 0 and update != updates
 
-    def score(self, episode: Episode, env: AgentEnv) -> float:
+    def score(self, episode: Episode, env: AgentEnv | None) -> float:
         """A sample's score: the scorer's (in [0, 1]), else the episode's reward (the env's own verifier). A scorer
         that raises or answers something else stops the evaluation, naming the source and the seed."""
         if self.scorer is None:  # the verifier's reward: a sample succeeds at 1, as Episode.passed says
@@ -200,25 +200,47 @@ def resolve_sources(cfg: TrainConfig) -> list[Source]:
     out = []
     for i, s in enumerate(cfg.eval.sources):
         where = f"eval.sources[{i}] ({s.name})"
+        offset = cfg.eval.seed_offset if s.seed_offset is None else s.seed_offset
+        temperature = cfg.eval.temperature if s.temperature is None else s.temperature
+        seeds = [offset + t for t in range(s.episodes)]
+        if s.agent is not None:
+            _check_agent(s, offset, where)
+            out.append(Source(s, i, f"agent:{s.agent.entry}", {}, seeds, temperature))
+            continue
         if s.env is None and cfg.agent is not None:
-            raise ValueError(f"{where}: give the source an env (env: {{id: ...}}); this run trains an agent through "
-                             "the gateway, and a source is an environment (agent sources are not supported)")
+            raise ValueError(f"{where}: give the source an env (env: {{id: ...}}) or an agent; this run trains an "
+                             "agent through the gateway, which has no env to default to")
         env = s.env or cfg.env
         try:  # built once here, with the arguments it will run with: a bad id or argument fails now
             kwargs = heldout_kwargs(env.id, env.kwargs)
             make(env.id, **kwargs).close()
         except Exception as e:  # make() says what is wrong with the env; this says which source asked for it
             raise ValueError(f"{where}: env {env.id}: {e}") from None
-        offset = cfg.eval.seed_offset if s.seed_offset is None else s.seed_offset
-        temperature = cfg.eval.temperature if s.temperature is None else s.temperature
         scorer = load_scorer(s.scorer, where) if s.scorer is not None else None
-        out.append(Source(s, i, env.id, kwargs, [offset + t for t in range(s.episodes)], temperature, scorer))
+        out.append(Source(s, i, env.id, kwargs, seeds, temperature, scorer))
     return out
+
+
+def _agent(source: EvalSource, offset: int) -> Any:
+    """The source's agent, its held-out tasks from `offset` on (agentrl.gateway.agent.TaskSource)."""
+    from agentrl.gateway.agent import Agent
+
+    return Agent(source.agent, heldout_count=source.episodes, seed_offset=offset)
+
+
+def _check_agent(source: EvalSource, offset: int, where: str) -> None:
+    """Load the agent, its tasks and hooks once (the gateway extra, a bad path or signature fail here)."""
+    try:
+        _agent(source, offset)
+    except ImportError as e:
+        raise ValueError(f"{where}: agent {source.agent.entry}: {e}") from None
+    except Exception as e:  # AgentError, or the agent module's own error on import
+        raise ValueError(f"{where}: agent {source.agent.entry}: {type(e).__name__}: {e}") from None
 
 
 def overlaps_training(source: Source, cfg: TrainConfig) -> bool:
     """Whether `source` evaluates the training env on seeds training draws (below eval.seed_offset)."""
-    same_env = source.cfg.env is None or source.cfg.env == cfg.env
+    same_env = source.cfg.agent is None and (source.cfg.env is None or source.cfg.env == cfg.env)
     return cfg.agent is None and same_env and source.seeds[0] < cfg.eval.seed_offset
 
 
@@ -252,22 +274,37 @@ def _scores(cfg: TrainConfig, source: Source, policy: Policy, max_context: int, 
     if source.scorer is not None and parse_workers(workers)[0] in ("process", "ray"):
         workers = "thread:64"  # a scorer reads the env as its episode left it: the envs must be this process's own
 
+    def roll_agent() -> list[float]:
+        from agentrl.gateway.agent import AgentRunner
+
+        with AgentRunner(_agent(source.cfg, source.seeds[0])) as runner:
+            episodes = runner.rollout(engine, policy.chat, seeds[lo:hi], group_ids=groups[lo:hi],
+                                      max_context=max_context, row_offset=lo, on_episode=progress(what, say))[0]
+        _raise_on_errors(episodes, source)
+        return [source.score(e, None) for e in episodes]
+
     def roll() -> list[float]:
+        if source.cfg.agent is not None:
+            return roll_agent()
         envs = [make(source.env_id, **source.env_kwargs) for _ in range(lo, hi)]
         with make_pool(workers, cfg.rollout.tool_timeout, cfg.rollout.tool_timeouts) as pool:
             episodes = rollout(envs, seeds[lo:hi], engine, policy.chat, group_ids=groups[lo:hi],
                                max_context=max_context, max_new_tokens=sampling.max_new_tokens, workers=pool,
                                max_batch_rows=cfg.rollout.max_batch_rows, schedule=cfg.rollout.schedule,
                                row_offset=lo, on_episode=progress(what, say), context=cfg.rollout.context)[0]
-        try:
-            raise_on_errors(episodes, None)
-        except EpisodeErrors as e:
-            raise EpisodeErrors(f"{source.where}: {e}") from None
+        _raise_on_errors(episodes, source)
         return [source.score(e, env) for e, env in zip(episodes, envs, strict=True)]
 
     if ranks is None:
         return roll()
     return ranks.gather_lists(ranks.together(what, roll))
+
+
+def _raise_on_errors(episodes: list[Episode], source: Source) -> None:
+    try:
+        raise_on_errors(episodes, None)
+    except EpisodeErrors as e:
+        raise EpisodeErrors(f"{source.where}: {e}") from None
 
 
 __all__ = ["Source", "SourceResult", "avg_at_k", "evaluate_source", "load_scorer", "mean_pass_at_k",
