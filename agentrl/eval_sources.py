@@ -1,5 +1,6 @@
-"""Evaluation sources (`eval.sources`): other environments, or other seeds of the training one, each evaluated on
-its own held-out tasks with k samples per task, at its own cadence, scored by its own checker (docs/evaluation.md).
+"""Evaluation sources (`eval.sources`): other environments, other seeds of the training one, or agents behind the
+gateway, each evaluated on its own held-out tasks with k samples per task, at its own cadence, scored by its own
+checker (docs/evaluation.md).
 
 For each task (a seed) a source rolls out k samples at its temperature and, with `greedy`, one more at
 temperature 0. A sample's score is the env's own verdict (the episode's reward) or the source's `scorer`; it
