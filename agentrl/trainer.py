@@ -367,10 +367,11 @@ class Trainer:
         """The held-out evaluation every `eval.every` updates, and each source at its own `every` (the last
         update's are the final ones, after the loop)."""
         every = self.cfg.eval.every
+        heldout = bool(every) and update % every == 0 and update != self.cfg.updates
         due = [s for s in self.sources if s.due(update, self.cfg.updates)]
-        if (every and update % every == 0 and update != self.cfg.updates) or due:
+        if heldout or due:
             self.phase("eval", update)
-        if every and update % every == 0 and update != self.cfg.updates:
+        if heldout:
             self.last_eval = self.evaluate()
             metrics.update(self.last_eval.metrics())
         metrics.update(self.evaluate_sources(update, due))
