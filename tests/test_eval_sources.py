@@ -242,3 +242,17 @@ def test_short_run_logs_each_source_at_step_0_on_its_cadence_and_at_the_end(tmp_
     assert even["seeds"] == [1_000_000, 1_000_001] and even["scorer"] == "env" and even["k"] == 2
     report = write_report(out)["markdown"].read_text()
     assert "## Evaluation sources" in report and "| even | pass@2 | 0.5 (step 0) | 0.5 (step 2, final) |" in report
+
+
+def test_a_resumed_run_keeps_its_step_0_source_results(tmp_path, vault_policy_dir):
+    sources = {"sources": [{"name": "even", "env": {"id": "test_eval_sources:EvenSeeds"}, "episodes": 2, "k": 2}]}
+    Trainer(small_config(tmp_path, vault_policy_dir, updates=1, checkpoint={"every": 1}, eval=sources)).train()
+    resumed = Trainer(small_config(tmp_path, vault_policy_dir, updates=2, checkpoint={"every": 1}, eval=sources),
+                      resume=True)
+    summary = resumed.train()
+    # the step-0 evaluation is not run again: its results come back from the checkpoint
+    assert summary["eval_sources"]["even"]["start"] == {"pass@2": 0.5, "avg@2": 0.5, "greedy_pass@1": 0.5,
+                                                        "score_mean": 0.5, "tasks": 2.0, "k": 2.0}
+    assert summary["eval_sources"]["even"]["final"]["pass@2"] == 0.5
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], bool(r.get("final"))) for r in rows if "eval/even/pass@2" in r] == [(0, False), (2, True)]
