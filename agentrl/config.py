@@ -341,6 +341,76 @@ class SFTConfig(Strict):
         return self.lr if self.lr is not None else (LOADED_SFT_LR if pretrained else TINY_SFT_LR)
 
 
+# a source's name is a segment of its metric keys (eval/<name>/pass@4): no slash, nothing a logger would mangle
+SOURCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_SCORER = re.compile(r"[^:\s]+:[A-Za-z_][A-Za-z0-9_]*")  # module:function or path/to/file.py:function
+
+
+class EvalSource(Strict):
+    """One evaluation source (`eval.sources`, docs/evaluation.md): an environment, its own held-out tasks, k
+    samples per task at its own cadence, scored by the env's own checker or a `scorer` of yours.
+
+    >>> s = EvalSource(name="chain", env={"id": "agentrl/RG-v0", "kwargs": {"task": "chain_sum"}}, k=8)
+    >>> s.name, s.k, s.episodes, s.every, s.greedy
+    ('chain', 8, 32, 0, True)
+    """
+
+    name: str = Field(description="What the metrics are called: eval/<name>/pass@k; letters, digits, _ . - (no "
+                      "slash: it is one segment of the key).")
+    env: EnvConfig | None = Field(None, description="The environment, given as the training env is (id and kwargs). "
+                                  "None (and no agent): the training env itself, on this source's own seeds and "
+                                  "samples.")
+    agent: AgentConfig | None = Field(None, description="An agent of your own through the gateway instead of an env "
+                                      "(docs/gateway.md), on its held-out tasks: agent.heldout, else the task "
+                                      "function at this source's seeds, else the tasks file's last `episodes` "
+                                      "records. Scored by the agent's own reward (solve's, or agent.verify).")
+    seed_offset: int | None = Field(None, ge=0, description="The source's tasks are the seeds seed_offset, "
+                                    "seed_offset + 1, ... (episodes of them). None: eval.seed_offset, which training's "
+                                    "task stream never reaches, so a source on the training env is held out too. An "
+                                    "env that declares a held-out split (a `split` attribute, Code-v0) is also built "
+                                    "with split=\"eval\" unless env.kwargs names a split.")
+    episodes: int = Field(32, ge=1, description="Tasks (seeds) per evaluation. 32 tasks x k 4 are 128 episodes, the "
+                          "default held-out evaluation's count.")
+    k: int = Field(4, ge=1, description="Samples per task: pass@k and avg@k are read from them. 4 gives pass@2 and "
+                   "pass@4, and an avg@4 (the unbiased pass@1) with a quarter of one sample's variance per task.")
+    every: int = Field(0, ge=0, description="Evaluate every N updates; 0: only before the first update (step 0) and "
+                       "after the last. 0 by default, since each evaluation costs episodes x (k + greedy) episodes: "
+                       "set it for a curve.")
+    temperature: float | None = Field(None, ge=0.0, description="The k samples' temperature; None: eval.temperature, "
+                                      "so a source compares with the held-out evaluation and across runs.")
+    greedy: bool = Field(True, description="Also one greedy episode per task (temperature 0): greedy pass@1, the "
+                         "number most benchmark tables report, for one more episode per task.")
+    scorer: str | None = Field(None, description="module:function or path/to/file.py:function, called as fn(episode, "
+                               "env) with the episode and the env it ran in (its task and final state), returning a "
+                               "number in [0, 1] or a bool; a sample succeeds at 1. None: the env's own verifier "
+                               "(the episode's reward; BFCL's multi_turn_checker, reasoning-gym's score_answer, "
+                               "TextWorld's won flag in the adapters), succeeding at 1 as Episode.passed does.")
+
+    @field_validator("name")
+    @classmethod
+    def _metric_name(cls, v: str) -> str:
+        if not SOURCE_NAME.fullmatch(v):
+            raise ValueError(f"source name {v!r}: use 1-64 letters, digits, _ . or - (it becomes eval/<name>/... in "
+                             "the metrics), starting with a letter or digit")
+        return v
+
+    @field_validator("scorer")
+    @classmethod
+    def _scorer_form(cls, v: str | None) -> str | None:
+        if v is not None and not _SCORER.fullmatch(v):
+            raise ValueError(f"scorer {v!r}: expected module:function or path/to/file.py:function")
+        return v
+
+    @model_validator(mode="after")
+    def _env_or_agent(self) -> EvalSource:
+        if self.agent is not None and self.env is not None:
+            raise ValueError(f"source {self.name!r}: give env or agent, not both")
+        if self.agent is not None and self.scorer is not None:
+            raise ValueError(f"source {self.name!r}: an agent scores its own episodes (solve's reward, or "
+                             "agent.verify); scorer is for an env source")
+        return self
+
+
 class EvalConfig(Strict):
     episodes: int = Field(128, ge=1, description="Held-out episodes per evaluation; 128 gives a pass-rate standard "
                           "error of about 0.044.")
@@ -349,6 +419,20 @@ class EvalConfig(Strict):
     temperature: float = Field(1.0, ge=0.0, description="Held-out episodes are sampled at this fixed temperature, "
                                "whatever the run samples at (or an intervention turned it to), so evaluations of "
                                "different runs compare; 0 is greedy.")
+    sources: Annotated[list[EvalSource], Suppress] = Field(
+        default_factory=list, description="More evaluations beside the held-out one: environments (or other seeds of "
+        "the training one), each with its own tasks, k samples per task, cadence and scorer, reported as "
+        "eval/<name>/pass@k, avg@k and greedy_pass@1 from step 0 on (docs/evaluation.md). Empty: only the held-out "
+        "evaluation. On the command line --set 'eval.sources=[{name: ..., env: {id: ...}}]' or a config file.")
+
+    @field_validator("sources")
+    @classmethod
+    def _distinct_names(cls, v: list[EvalSource]) -> list[EvalSource]:
+        names = [s.name for s in v]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"source names must differ (each names its metrics): {', '.join(twice)} given twice")
+        return v
 
 
 class CheckpointConfig(Strict):

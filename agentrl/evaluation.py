@@ -62,10 +62,15 @@ def make_engine(cfg: TrainConfig, policy: Policy, sampling: SamplingConfig, seed
 
 
 def heldout_env_kwargs(cfg: TrainConfig) -> dict[str, Any]:
-    """The environment's arguments for held-out evaluation: an env with a `split` attribute (Code-v0)
-    is built with split="eval", i.e. on tasks and verifier tests that training never sees."""
-    kwargs = dict(cfg.env.kwargs)
-    if "split" not in kwargs and _has_split(cfg.env.id, json.dumps(kwargs, sort_keys=True, default=str)):
+    """The training environment's arguments for held-out evaluation (`heldout_kwargs`)."""
+    return heldout_kwargs(cfg.env.id, cfg.env.kwargs)
+
+
+def heldout_kwargs(env_id: str, env_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """An environment's arguments for held-out evaluation: an env with a `split` attribute (Code-v0) is built
+    with split="eval", i.e. on tasks and verifier tests that training never sees, unless the arguments name one."""
+    kwargs = dict(env_kwargs)
+    if "split" not in kwargs and _has_split(env_id, json.dumps(kwargs, sort_keys=True, default=str)):
         kwargs["split"] = "eval"
     return kwargs
 
@@ -144,5 +149,5 @@ def progress(what: str, say: Callable[[str], None] | None = None, after: float =
 
 
 
-__all__ = ["EvalResult", "eval_sampling", "evaluate", "heldout_env_kwargs", "make_engine", "progress",
-           "resolve_device"]
+__all__ = ["EvalResult", "eval_sampling", "evaluate", "heldout_env_kwargs", "heldout_kwargs", "make_engine",
+           "progress", "resolve_device"]

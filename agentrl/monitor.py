@@ -89,6 +89,18 @@ def scalars(row: dict[str, Any]) -> dict[str, float]:
             and not isinstance(v, bool)}
 
 
+def source_change(source: dict[str, Any]) -> str:
+    """An evaluation source's metrics from step 0 to the end, as summary.json's `eval_sources` entry holds them.
+
+    >>> source_change({"start": {"pass@2": 0.25, "avg@2": 0.125, "tasks": 8.0, "k": 2.0},
+    ...                "final": {"pass@2": 0.5, "avg@2": 0.25, "tasks": 8.0, "k": 2.0}})
+    'pass@2 0.250 -> 0.500, avg@2 0.125 -> 0.250'
+    """
+    start, final = source.get("start") or {}, source.get("final") or {}
+    keys = [k for k in final if k not in ("tasks", "k", "score_mean")]
+    return ", ".join(f"{k} {start.get(k, float('nan')):.3f} -> {final[k]:.3f}" for k in keys)
+
+
 class TensorBoardLogger:
     """Scalars into <run>/tensorboard. The final evaluation goes under `final/...`, so that its step
     (the last update's) does not hold two values for `eval/pass_rate`. `purge_step` (a resumed run):
@@ -302,6 +314,9 @@ class Monitor:
                 f"{summary['final_pass_rate']:.3f} in {summary['wall_s']:.0f}s; summary in "
                 f"{self.out / 'summary.json'}{stopped}"
             )
+            for name, source in (summary.get("eval_sources") or {}).items():
+                self.console.print(f"  {name}: {source_change(source)}")
+
 
 
 class SilentMonitor:

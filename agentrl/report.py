@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrl.config import read_yaml
+from agentrl.config import SOURCE_NAME, read_yaml
 from agentrl.health.alarms import ALARMS, ENTROPY_COLLAPSE, KL_DRIFT, alarm_spans, replay
 from agentrl.health.config import HealthConfig
 from agentrl.health.series import series
@@ -100,11 +100,12 @@ def plot(rows: Sequence[Row], name: str, title: str, lines: Sequence[tuple[str, 
          spans: dict[str, list[tuple[float, float]]], folder: Path, hc: HealthConfig) -> Path | None:
     """One PNG: the metrics of `lines` over steps, alarm spans shaded. None if no metric is logged."""
     plt = pyplot()
-    data = {key: [(s, v) for s, v in series(rows, key) if not (key != "eval/pass_rate" and s == 0)] for key, _ in lines}
-    if key_final := [r for r in rows if r.get("final") and "eval/pass_rate" in r]:
-        if "eval/pass_rate" in data:
-            data["eval/pass_rate"] = data["eval/pass_rate"] + [(float(key_final[-1]["step"]),
-                                                                float(key_final[-1]["eval/pass_rate"]))]
+    # an evaluation (eval/...) is drawn from step 0, the starting model's, to the final row's; other metrics from 1
+    data = {key: [(s, v) for s, v in series(rows, key) if key.startswith("eval/") or s != 0] for key, _ in lines}
+    finals = [r for r in rows if r.get("final")]
+    for key in data:
+        if key.startswith("eval/") and finals and key in finals[-1]:
+            data[key] = data[key] + [(float(finals[-1]["step"]), float(finals[-1][key]))]
     if not any(data.values()):
         return None
     fig, ax = plt.subplots(figsize=(7, 3.2), dpi=100)
@@ -120,7 +121,7 @@ def plot(rows: Sequence[Row], name: str, title: str, lines: Sequence[tuple[str, 
         pts = data[key]
         if pts:
             xs, ys = zip(*pts)
-            style = dict(marker="o", ms=4) if key == "eval/pass_rate" else dict(lw=1.4)
+            style = dict(marker="o", ms=4) if key.startswith("eval/") else dict(lw=1.4)
             ax.plot(xs, ys, label=label, **style)
     if name == "kl":
         ax.axhline(hc.kl_warn, color=_colour(KL_DRIFT), ls="--", lw=0.8, label=f"warn {hc.kl_warn}")
@@ -173,8 +174,13 @@ def write_report(run_dir: Path | str, out: Path | str | None = None) -> dict[str
         state = f"still running: {len(updates)} updates so far" + (" (last line half-written, skipped)" if partial
                                                                    else "")
 
-    # figures
-    pngs = [p for p in (plot(rows, *spec, spans, plots_dir, hc) for spec in PLOTS) if p is not None]
+    # figures: the fixed ones, then one per evaluation source
+    sources = source_keys(rows)
+    specs = PLOTS + [(f"source_{name}", f"Evaluation source {name}", [(f"eval/{name}/{m}", m) for m in metrics],
+                      "pass rate") for name, metrics in sources.items()]
+    pngs = [p for p in (plot(rows, *spec, spans, plots_dir, hc) for spec in specs) if p is not None]
+    source_table = [(name, m, *first_and_last(rows, f"eval/{name}/{m}")) for name, metrics in sources.items()
+                    for m in metrics]
 
     # alarm timeline: spans and the first reason logged (or replayed) for each
     reasons: dict[str, str] = {}
@@ -210,15 +216,47 @@ def write_report(run_dir: Path | str, out: Path | str | None = None) -> dict[str
     last_metrics = [(k, _fmt(last[k])) for k in keys if k in last]
 
     config = (run / "config.yaml").read_text() if (run / "config.yaml").is_file() else ""
-    md = _markdown(facts, timeline, actions, last_metrics, pngs, out_dir) + _config_md(config)
+    md = _markdown(facts, timeline, actions, last_metrics, pngs, out_dir, source_table) + _config_md(config)
     md_path, html_path = out_dir / "report.md", out_dir / "report.html"
     md_path.write_text(md)
-    html_path.write_text(_html(facts, timeline, actions, last_metrics, pngs, config))
+    html_path.write_text(_html(facts, timeline, actions, last_metrics, pngs, config, source_table))
     return {"markdown": md_path, "html": html_path, "plots": pngs}
 
 
-def _markdown(facts, timeline, actions, last_metrics, pngs, out_dir: Path) -> str:
-    lines = ["# Run report", ""] + [f"- **{k}**: {v}" for k, v in facts] + ["", "## Alarm timeline", ""]
+def source_keys(rows: Sequence[Row]) -> dict[str, list[str]]:
+    """The evaluation sources a run logged (eval/<name>/<metric>), each with its pass-rate metrics in logged order.
+
+    >>> source_keys([{"step": 0, "eval/pass_rate": 0.5, "eval/rg/pass@2": 0.5, "eval/rg/avg@2": 0.25,
+    ...               "eval/rg/tasks": 8.0}])
+    {'rg': ['pass@2', 'avg@2']}
+    """
+    out: dict[str, list[str]] = {}
+    for r in rows:
+        for key in r:
+            parts = key.split("/")
+            # a source's name is a file name's part below (its plot): only the names eval.sources accepts
+            if len(parts) == 3 and parts[0] == "eval" and SOURCE_NAME.fullmatch(parts[1]) \
+                    and parts[2] not in ("tasks", "k", "score_mean"):
+                metrics = out.setdefault(parts[1], [])
+                if parts[2] not in metrics:
+                    metrics.append(parts[2])
+    return out
+
+
+def first_and_last(rows: Sequence[Row], key: str) -> tuple[str, str]:
+    """`key`'s first value (step 0: the starting model) and its last (the final row's, if there is one), each
+    with its step, as the report's table cells."""
+    cells = [f"{_fmt(float(r[key]))} (step {float(r['step']):.0f}{', final' if r.get('final') else ''})"
+             for r in rows if key in r]
+    return (cells[0], cells[-1]) if cells else ("-", "-")
+
+
+def _markdown(facts, timeline, actions, last_metrics, pngs, out_dir: Path, source_table=()) -> str:
+    lines = ["# Run report", ""] + [f"- **{k}**: {v}" for k, v in facts]
+    if source_table:
+        lines += ["", "## Evaluation sources", "", "| source | metric | first | last |", "|---|---|---|---|"]
+        lines += [f"| {n} | {m} | {a} | {b} |" for n, m, a, b in source_table]
+    lines += ["", "## Alarm timeline", ""]
     if timeline:
         lines += ["| alarm | updates | why (first time) |", "|---|---|---|"]
         lines += [f"| {n} | {s} | {w} |" for n, s, w in timeline]
@@ -247,10 +285,14 @@ CSS = ("body{font-family:system-ui,sans-serif;max-width:980px;margin:2em auto;co
        ".alarm{color:#b00;font-weight:bold}.ok{color:#070}")
 
 
-def _html(facts, timeline, actions, last_metrics, pngs, config: str = "") -> str:
+def _html(facts, timeline, actions, last_metrics, pngs, config: str = "", source_table=()) -> str:
     """One file, no external resource: CSS inline, every PNG embedded as base64."""
     e = html.escape
-    parts = ["<h1>Run report</h1>", table(facts, th_first=True), "<h2>Alarm timeline</h2>"]
+    parts = ["<h1>Run report</h1>", table(facts, th_first=True)]
+    if source_table:
+        parts += ["<h2>Evaluation sources</h2>",
+                  table(list(source_table), header=("source", "metric", "first", "last"))]
+    parts.append("<h2>Alarm timeline</h2>")
     if timeline:
         parts.append(table(timeline, header=("alarm", "updates", "why (first time)"), first_class="alarm"))
     else:

@@ -43,6 +43,7 @@ def checkpoint_files(trainer: Any) -> dict[str, Any]:
         "critic_only_updates": t.critic_only_updates, "said_policy_moves": t._said_policy_moves,
         "warm": None if t.warm is None else asdict(t.warm),
         "last_eval": None if t.last_eval is None else asdict(t.last_eval),
+        "source_start": t.source_start, "source_last": t.source_last,
         "stopped": t.stopped, "decisions": t.decisions, "monitor": t.monitor.position(),
         "engine_state": engine is not None, "processes": t.ranks.world,
         "distributed_type": distributed_kind(t.accelerator.distributed_type),
@@ -77,6 +78,8 @@ def restore(trainer: Any, folder: Path) -> int:
     t.critic_only_updates, t._said_policy_moves = state["critic_only_updates"], state["said_policy_moves"]
     t.warm = None if state["warm"] is None else EvalResult(**state["warm"])
     t.last_eval = None if state["last_eval"] is None else EvalResult(**state["last_eval"])
+    # a checkpoint written before eval.sources existed holds none
+    t.source_start, t.source_last = state.get("source_start", {}), state.get("source_last", {})
     t.stopped, t.decisions = state["stopped"], state["decisions"]
     t.monitor.rewind(state["monitor"])
     return int(state.get("processes", 1))
@@ -108,9 +111,19 @@ def summary(trainer: Any, warm: EvalResult, final: EvalResult, checkpoint: Path,
         "checkpoint": str(checkpoint),
         "wall_s": wall_s,
     }
+    if t.sources:  # only where eval.sources is set: a run without keeps its summary as it was
+        out["eval_sources"] = {s.cfg.name: source_summary(s, t.source_start.get(s.cfg.name),
+                                                          t.source_last.get(s.cfg.name)) for s in t.sources}
     if t.ranks.world > 1:
         out["processes"] = t.ranks.world
     return out
+
+
+def source_summary(source: Any, start: dict[str, float] | None, final: dict[str, float] | None) -> dict[str, Any]:
+    """One evaluation source in summary.json: what it evaluated, how, and its metrics at step 0 and at the end."""
+    return {"env": source.env_id, "env_kwargs": source.env_kwargs, "seeds": [source.seeds[0], source.seeds[-1]],
+            "k": source.cfg.k, "temperature": source.temperature, "greedy": source.cfg.greedy,
+            "scorer": source.cfg.scorer or "env", "start": start, "final": final}
 
 
 def _weights(t: Any) -> dict[str, torch.Tensor]:

@@ -11,7 +11,8 @@ Four rooms: `Collector` (agentrl.collector: where episodes come from), `Learner`
 and the log-probs it is measured against), `RunFolder` (agentrl.run_folder: files, checkpoints, signals; what a
 checkpoint holds is agentrl.run_state) and this wiring. The trainer never branches on the assigner: it looks it
 up in `ASSIGNERS` and calls `fit` and `assign`. Held-out evaluation (agentrl.evaluation) uses seeds that
-training never draws.
+training never draws; the evaluation sources (`eval.sources`, agentrl.eval_sources) are evaluated beside it at
+step 0, at their own cadence and at the end.
 
 With `AGENTRL_PHASE_LOG=FILE` in the environment the main process appends one line to FILE as the loop
 enters each phase, `<unix time> <phase> <update>`: start, warm-eval, rollout, update (reference
@@ -44,6 +45,7 @@ from agentrl.core import Episode
 from agentrl.credit import Credit, set_options
 from agentrl.distributed import Ranks
 from agentrl.engines import get_engine_spec
+from agentrl.eval_sources import Source, evaluate_source, overlaps_training, resolve_sources
 from agentrl.evaluation import EvalResult, eval_sampling, evaluate, make_engine, resolve_device
 from agentrl.health.alarms import check, stops
 from agentrl.health.interventions import Action, Knobs, plan
@@ -95,6 +97,8 @@ class Trainer:
         # the run's own copy, read and never written: the knobs interventions turn live in self.knobs
         cfg = cfg.model_copy(deep=True)
         self.cfg = cfg
+        # each source's env built and scorer imported now: a bad source fails before the run folder is made
+        self.sources: list[Source] = resolve_sources(cfg)
         self.decisions = dict(decisions or {})
         device = resolve_device(cfg.device)
         bf16 = cfg.optim.bf16 and device.type == "cuda" and torch.cuda.is_bf16_supported()
@@ -110,6 +114,11 @@ class Trainer:
         self.folder = RunFolder(cfg, ranks, self.decisions, resume, overwrite, monitor)
         self.out, self.monitor = self.folder.out, self.folder.monitor
         self.monitor.say(f"run folder: {self.out}" + (f" ({ranks.world} processes)" if ranks.world > 1 else ""))
+        for s in self.sources:
+            if overlaps_training(s, cfg):
+                self.monitor.say(f"[yellow]warning[/yellow]: {s.where} evaluates the training env on seeds from "
+                                 f"{s.seeds[0]}, which training draws (below eval.seed_offset {cfg.eval.seed_offset}):"
+                                 " its pass rates are not held out")
         found = self.folder.latest() if resume else None
 
         random.seed(cfg.seed)  # the same on every rank: the ranks' generators move in step (agentrl.distributed)
@@ -169,6 +178,9 @@ class Trainer:
         self.done = 0
         self.warm: EvalResult | None = None
         self.last_eval: EvalResult | None = None
+        # each source's step-0 and latest results (name -> its metrics without the eval/<name>/ prefix): summary.json
+        self.source_start: dict[str, dict[str, float]] = {}
+        self.source_last: dict[str, dict[str, float]] = {}
         self.stopped: str | None = None
         self.resumed_from: Path | None = None
         self.checkpoint_seconds: list[float] = []  # what each checkpoint of this process cost
@@ -186,6 +198,19 @@ class Trainer:
     def evaluate(self) -> EvalResult:
         """The held-out evaluation, split over the ranks."""
         return evaluate(self.cfg, self.policy, self.eval_sampling, self.max_context, self.ranks, runner=self.runner)
+
+    def evaluate_sources(self, step: int, sources: list[Source]) -> dict[str, float]:
+        """Evaluate `sources` after update `step` (0: the starting model), one console line each; returns their
+        metrics (eval/<name>/...) for the row."""
+        metrics: dict[str, float] = {}
+        for source in sources:
+            result = evaluate_source(self.cfg, source, self.policy, self.max_context, self.ranks, self.monitor.say)
+            self.monitor.say(result.line(step))
+            self.source_last[source.cfg.name] = result.summary()
+            if step == 0:
+                self.source_start[source.cfg.name] = result.summary()
+            metrics.update(result.metrics())
+        return metrics
 
     # -- the run ------------------------------------------------------------------------------------
 
@@ -215,7 +240,8 @@ class Trainer:
             self.monitor.say(f"warm start: held-out pass rate {self.warm.pass_rate:.3f} over {self.warm.episodes} "
                              "episodes")
             self._check_warm_start()
-            self.history.append({"step": 0, **self.warm.metrics()})
+            # the starting model on every source, by the same code as every later evaluation
+            self.history.append({"step": 0, **self.warm.metrics(), **self.evaluate_sources(0, self.sources)})
             self.monitor.log(self.history[-1])
             self.folder.agree_on_signal()
             self.folder.exit_on_signal(self.done)  # nothing to save yet: a resumed run starts over
@@ -338,12 +364,17 @@ class Trainer:
             self.engine.sync_weights(self.policy.model)
 
     def _eval_step(self, update: int, metrics: dict[str, float]) -> None:
-        """The held-out evaluation every `eval.every` updates (the last update's is the final one, after the loop)."""
+        """The held-out evaluation every `eval.every` updates, and each source at its own `every` (the last
+        update's are the final ones, after the loop)."""
         every = self.cfg.eval.every
-        if every and update % every == 0 and update != self.cfg.updates:
+        heldout = bool(every) and update % every == 0 and update != self.cfg.updates
+        due = [s for s in self.sources if s.due(update, self.cfg.updates)]
+        if heldout or due:
             self.phase("eval", update)
+        if heldout:
             self.last_eval = self.evaluate()
             metrics.update(self.last_eval.metrics())
+        metrics.update(self.evaluate_sources(update, due))
 
     def _log_step(self, update: int, metrics: dict[str, float]) -> bool:
         """Log the update, check health (which may stop the run), agree on a signal; returns whether to save."""
@@ -474,7 +505,10 @@ class Trainer:
         done = self.done
         self.phase("final-eval", done)
         final = self.evaluate() if done else self.last_eval
-        self.monitor.log({"step": done, **final.metrics(), "final": True})
+        # the sources after the last update (with none done, their step-0 results stand)
+        sources = self.evaluate_sources(done, self.sources) if done else {
+            f"eval/{name}/{k}": v for name, m in self.source_last.items() for k, v in m.items()}
+        self.monitor.log({"step": done, **final.metrics(), **sources, "final": True})
         self.phase("save", done)
         ckpt = self.out / "checkpoint"
         model = self.accelerator.unwrap_model(self.learner.model)

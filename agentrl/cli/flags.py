@@ -203,6 +203,18 @@ def _check_agent(cfg: TrainConfig) -> None:
                          "--agent.demos FILE.jsonl (its conversations in OpenAI's format), or --model FOLDER")
 
 
+def _check_eval_sources(cfg: TrainConfig) -> None:
+    """Each evaluation source's env built and scorer imported once, so that a bad one fails before any work."""
+    if not cfg.eval.sources:
+        return
+    from agentrl.eval_sources import resolve_sources
+
+    try:
+        resolve_sources(cfg)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
 def _check_expert(env_id: str, kwargs: dict[str, Any]) -> None:
     """Without --model the tiny policy learns from the env's expert: an env without one fails here, at
     once, with the ways forward (not after the tokenizer is trained)."""

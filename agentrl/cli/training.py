@@ -18,6 +18,7 @@ from agentrl.cli.flags import (
     _check_agent,
     _check_device,
     _check_env,
+    _check_eval_sources,
     _check_expert,
     _check_teacher,
     _console,
@@ -39,7 +40,9 @@ from agentrl.config import (
 TRAIN_HELP = ("RL on an environment. Without --model, builds a tiny policy for the environment and warm-starts it by "
               "SFT on noisy expert demonstrations (cached under $AGENTRL_CACHE, default ~/.cache/agentrl), then rolls "
               "out groups, assigns credit with --algo and updates with the shared PPO-clip loss. Writes config.yaml, "
-              "metrics.jsonl, store/*.parquet, checkpoint/ and summary.json into the run folder. " + AGENT_HELP)
+              "metrics.jsonl, store/*.parquet, checkpoint/ and summary.json into the run folder. Evaluation sources "
+              "beside the held-out evaluation (pass@k, avg@k, greedy pass@1 from step 0): --set 'eval.sources=[{name: "
+              "NAME, env: {id: ENV}, k: 4}]' or a --config file (docs/evaluation.md). " + AGENT_HELP)
 
 
 class TrainFlags(RunFlags):
@@ -76,6 +79,7 @@ def cmd_train(argv: Sequence[str]) -> int:
             _check_expert(cfg.env.id, cfg.env.kwargs)
     _check_device(cfg.device)
     _check_teacher(cfg)
+    _check_eval_sources(cfg)
     from agentrl.distributed import launch, launched
 
     if flags.num_processes > 1:

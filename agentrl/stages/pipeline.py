@@ -57,9 +57,11 @@ def train(cfg: TrainConfig, monitor: Monitor | None = None, decisions: dict[str,
           resume: bool = False, overwrite: bool = False, runner: Any = None) -> dict[str, Any]:
     """Stage one where it is needed (the tiny policy's SFT warm start, cached), then the RL loop
     (`resume` / `overwrite`: see `agentrl.trainer.Trainer`). Returns the run's summary."""
+    from agentrl.eval_sources import resolve_sources
     from agentrl.evaluation import resolve_device
     from agentrl.trainer import Trainer
 
+    resolve_sources(cfg)  # a bad evaluation source fails here, not after the warm start (the trainer resolves them)
     start = None
     decisions = dict(decisions or {})
     if cfg.model is None:

@@ -485,3 +485,19 @@ def test_a_half_sent_request_head_is_closed_and_others_are_served(served, monkey
         assert s.recv(1) == b""  # closed by the server
         s.close()
     assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_an_agent_source_is_evaluated_through_the_gateway_on_its_held_out_tasks(policy_dir):
+    from agentrl.eval_sources import evaluate_source, resolve_sources
+
+    # solve_rewriting's reward is 1 iff the task's answer (seed % 7 + 10 + seed % 5 + 20) is odd, whatever the
+    # policy says: seeds 4, 5, 6, 7 have answers 38, 35, 37, 32
+    cfg = TrainConfig(model=str(policy_dir / "model"), rollout={"sampling": {"max_new_tokens": 12}}, eval={"sources": [
+        {"name": "parity", "agent": {"entry": f"{AGENTS}:solve_rewriting", "gateway": {"batch_wait": 0.0}},
+         "seed_offset": 4, "episodes": 4, "k": 2}]})
+    [source] = resolve_sources(cfg)
+    assert source.env_id == f"agent:{AGENTS}:solve_rewriting" and source.seeds == [4, 5, 6, 7]
+    result = evaluate_source(cfg, source, Policy.load(policy_dir / "model"), max_context=512)
+    assert (result.pass_at, result.avg, result.greedy) == ({2: 0.5}, 0.5, 0.5)
+    with pytest.raises(ValueError, match=r"eval.sources\[0\] \(gone\): agent nowhere.py:solve"):
+        resolve_sources(TrainConfig(eval={"sources": [{"name": "gone", "agent": {"entry": "nowhere.py:solve"}}]}))
