@@ -119,7 +119,10 @@ def test_a_planted_mismatch_fails():
 def test_the_readmes_headline_figures_are_marked():
     text = (ROOT / "README.md").read_text()
     for key in ("vs_trl_smollm2.json ratio", "vs_trl_multiturn_smollm2.json ratio", "real_model.json grpo_final_mean",
-                "probe_lofo.json probe_mean_regret", "history/probe_lofo_before_gate_change.json probe_mean_regret"):
+                "probe_lofo.json probe_mean_regret", "history/probe_lofo_before_gate_change.json probe_mean_regret",
+                "multi_turn.json horizons.2.ratio_carry_cache", "multi_turn_smollm2.json ratio",
+                "vs_trl_sweep.json ratio_min", "vs_trl_sweep.json ratio_max",
+                "decode_bound.json decode.1.fraction_of_bound*100"):
         assert f"<!-- figure: {key} -->" in text, key
 
 
