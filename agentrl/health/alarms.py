@@ -171,10 +171,17 @@ class Reading:
 
 def check_entropy_collapse(r: Reading) -> str | None:
     """Smoothed entropy fell monotonically over the trend span, sits below the floor, and the pass
-    rate has stopped rising. Once the run is STALLED as well, the stall (which names the spent
-    entropy as its cause) is the state to act on, and the collapse hands over."""
+    rate has stopped rising below the top band. Once the run is STALLED as well, the stall (which names
+    the spent entropy as its cause) is the state to act on, and the collapse hands over.
+
+    A policy that sharpens while it passes within `top_margin` of the ceiling is converging, not
+    collapsing, as a plateau there is success for STALLED: on the README's main job, answering this
+    alarm (an entropy bonus and a temperature floor) did not lift the plateau it fired on
+    (docs/benchmarks.md, "Collapse or convergence: the main job")."""
     cfg, raw = r.cfg, r.raw(ENTROPY)
     if not (r.ent and r.base_ent) or not falling(r.ent, cfg.trend_steps, cfg.monotone_frac) or not r.below_floor:
+        return None
+    if r.pas and r.pas[-1][1] >= cfg.ceiling - cfg.top_margin:
         return None
     not_rising = r.pass_gain is not None and r.pass_gain[0] < cfg.rise_min
     if not (not_rising or not r.pas) or r.fires(STALLED):
