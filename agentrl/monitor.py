@@ -252,8 +252,9 @@ class Monitor:
         if not self._eta_said and metrics.get("time/update_s") and metrics["step"] < self.total:
             self._eta_said = True
             left = self.total - int(metrics["step"])
-            self._print(f"  ETA {duration(metrics['time/update_s'] * left)} for the {left} updates left (an estimate "
-                        f"from update {metrics['step']:.0f}'s time; held-out evaluations not counted)")
+            self._print(f"  ETA {duration(metrics['time/update_s'] * left)} for the {left} update{'s' * (left > 1)} "
+                        f"left (an estimate from update {metrics['step']:.0f}'s time; held-out evaluations not "
+                        "counted)")
         if not self.console.is_terminal:
             line = "  ".join(f"{name} {_fmt(record, k, f)}" for name, k, f in columns(record))
             self.console.print(Text(line + "  status ") + status_text(record))

@@ -151,7 +151,7 @@ def _leaves(data: dict[str, Any], prefix: str = "") -> list[str]:
     out = []
     for key, value in data.items():
         path = f"{prefix}{key}"
-        out += _leaves(value, path + ".") if isinstance(value, dict) and value else [path]
+        out += _leaves(value, path + ".") if isinstance(value, dict) else [path]  # an empty section sets nothing
     return out
 
 
