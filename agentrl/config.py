@@ -114,7 +114,7 @@ PRETRAINED: dict[str, dict[str, Default]] = {
 
 def _pretrained(path: str, command: str = "train", lora: str | None = None) -> str:
     """The sentence a field's description ends with: what a pretrained model gets instead of the field's default."""
-    text = f" A pretrained --model gets {PRETRAINED[command][path].value:g}"
+    text = f" In agentrl {command.split('-')[0]}, a pretrained --model gets {PRETRAINED[command][path].value:g}"
     if lora is not None:
         text += f" ({PRETRAINED[lora][path].value:g} with LoRA)"
     return text + " unless set: measured on SmolLM2-135M-Instruct (docs/models.md, 'Defaults for a pretrained model')."
