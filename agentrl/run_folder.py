@@ -178,12 +178,17 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def _decisions_header(decisions: dict[str, Any]) -> str:
     """YAML comments (the file stays a loadable config) that say what the run decided before it began."""
+    lines = ""
     auto = decisions.get("algo_auto")
-    if not auto:
-        return ""
-    stats = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in auto["statistics"].items())
-    return (f"# algo: {auto['algo']}, picked by --algo auto (the horizon probe), rule {auto['rule']}: "
-            f"{auto['reason']}\n# probe statistics: {stats}\n# thresholds: {auto['thresholds']}\n")
+    if auto:
+        stats = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in auto["statistics"].items())
+        lines += (f"# algo: {auto['algo']}, picked by --algo auto (the horizon probe), rule {auto['rule']}: "
+                  f"{auto['reason']}\n# probe statistics: {stats}\n# thresholds: {auto['thresholds']}\n")
+    fitted = decisions.get("pretrained_defaults")
+    if fitted:  # agentrl.config.PRETRAINED, filled in by agentrl train for a pretrained --model
+        filled = ", ".join(f"{k} {v}" for k, v in fitted["filled"].items()) or "none"
+        lines += f"# a pretrained model's defaults (docs/models.md): {filled}; set by the user: {fitted['yours']}\n"
+    return lines
 
 
 __all__ = ["CHECKPOINTS", "DECISIONS", "ResumeUnsupported", "RunFolder", "holds_run", "refuse_sharded"]

@@ -65,7 +65,8 @@ def main() -> None:
         out = work / f"grpo-{seed}"
         seconds = run([sys.executable, "-m", "agentrl", "train", "--agent", f"{AGENT}:solve", "--model", str(sft_dir),
                        "--seed", str(seed), "--updates", str(args.updates), "--rollout.groups", str(groups),
-                       "--rollout.group-size", str(size), "--optim.lr", str(args.lr), "--optim.minibatches", "1",
+                       "--rollout.group-size", str(size), "--optim.lr", str(args.lr), "--optim.lora.r", "0",
+                       "--optim.minibatches", "1",
                        "--eval.episodes", str(args.eval_episodes), "--eval.every", "0", "--checkpoint.every", "0",
                        "--out", str(out), "--overwrite"])
         summary = json.loads((out / "summary.json").read_text())

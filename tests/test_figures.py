@@ -1,4 +1,5 @@
-"""Every figure the README and docs/benchmarks.md quote from a committed JSON says which, and agrees with it.
+"""Every figure the README, docs/benchmarks.md and docs/models.md quote from a committed JSON says which, and agrees
+with it.
 
 The convention: a quoted figure is followed at once by a marker that names its JSON (under benchmarks/results/)
 and the key it comes from, a dotted path whose integer parts index lists, optionally scaled:
@@ -24,7 +25,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-DOCS = ("README.md", "docs/benchmarks.md")
+DOCS = ("README.md", "docs/benchmarks.md", "docs/models.md")
 MARKER = re.compile(r"<!-- figure: (?P<file>\S+\.json) (?P<key>[^\s*]+)(?:\*(?P<scale>[\d.]+))? -->")
 # the number just before a marker; between them only markup and a unit
 LINK = re.compile(r"\]\((?:\.\./)?benchmarks/results/[\w/]+\.json\)")  # a markdown link to a committed JSON

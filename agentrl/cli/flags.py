@@ -131,6 +131,30 @@ def _base_data(argv: Sequence[str]) -> tuple[dict[str, Any], argparse.Namespace]
     return data, pre
 
 
+def given_fields(argv: Sequence[str]) -> set[str]:
+    """The dotted names of the fields the user set: in the --config file, by --set or --env-kw, or by a flag. A
+    value given counts even where it equals the default, which the parsed config cannot tell (the generated parser
+    fills in every field), so the names are read from the file and the command line themselves.
+
+    >>> sorted(given_fields(["--set", "optim.lr=1e-4", "--sft.batch-size", "32", "--updates=6", "--out", "x"]))
+    ['optim.lr', 'out', 'sft.batch_size', 'updates']
+    """
+    data, _ = _base_data(argv)
+    given = set(_leaves(data))
+    for arg in _agent_flags(argv)[1]:
+        if arg.startswith("--") and len(arg) > 2:
+            given.add(arg[2:].partition("=")[0].replace("-", "_"))
+    return given - set(_CONFIG_FLAGS)
+
+
+def _leaves(data: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        out += _leaves(value, path + ".") if isinstance(value, dict) else [path]  # an empty section sets nothing
+    return out
+
+
 def _validate(model: type[Strict], data: dict[str, Any], where: str) -> Any:
     try:
         return model.model_validate(data)

@@ -4,6 +4,7 @@ process)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,16 +26,20 @@ from agentrl.cli.flags import (
     _parse,
     _run_flags,
     _single_process,
+    given_fields,
 )
 from agentrl.config import (
+    PRETRAINED,
     DPOConfig,
     EnvConfig,
+    Fitted,
     RejectionConfig,
     SFTConfig,
     Strict,
     TinyModelConfig,
     TrainConfig,
     describe_errors,
+    fit_pretrained,
 )
 
 TRAIN_HELP = ("RL on an environment. Without --model, builds a tiny policy for the environment and warm-starts it by "
@@ -66,8 +71,33 @@ def _without_flag(argv: Sequence[str], flag: str) -> list[str]:
     return out
 
 
+def fit_to_model(model: Any, command: Literal["sft", "train"], argv: Sequence[str]) -> tuple[Any, Fitted | None]:
+    """The command's flags (`agentrl sft`) or config (`agentrl train`) with a pretrained --model's defaults
+    (`agentrl.config.PRETRAINED`) in the fields the user did not set; None where the fields keep their own defaults
+    (no --model, or agentrl's tiny policy)."""
+    from agentrl.models import is_tiny_policy
+
+    if model.model is None or is_tiny_policy(model.model):
+        return model, None
+    return fit_pretrained(model, command, given_fields(argv))
+
+
+def say_fitted(command: str, name: str, fitted: Fitted, eta: str) -> None:
+    """The console's line, before the long part starts: which defaults a pretrained model got, which were the
+    user's, and when the ETA comes."""
+    import agentrl.log as agentrl_log
+
+    agentrl_log.say("agentrl.cli")(
+        f"{command}: {name} is a pretrained model, not agentrl's tiny policy: the defaults measured on "
+        f"SmolLM2-135M-Instruct apply (docs/models.md, 'Defaults for a pretrained model'): {fitted.describe()}; "
+        f"the ETA follows the {eta} (an estimate from its time)")
+
+
 def cmd_train(argv: Sequence[str]) -> int:
     cfg, flags, auto = _run_flags(argv, "agentrl train", TRAIN_HELP, TrainFlags)
+    fitted = None
+    if flags.resume is None:  # a resumed run keeps its config.yaml, defaults and all
+        cfg, fitted = fit_to_model(cfg, "train", argv)
     if flags.print_config:
         print(cfg.to_yaml(), end="")
         return 0
@@ -106,6 +136,11 @@ def cmd_train(argv: Sequence[str]) -> int:
         cfg, decisions = ranks.broadcast(picked)
     elif auto:
         cfg, decisions = _probe_for_auto(cfg)
+    if fitted is not None:  # recorded in config.yaml's header and summary.json
+        decisions["pretrained_defaults"] = {"filled": {k: d.value for k, d in fitted.filled.items()},
+                                            "yours": fitted.yours}
+        if os.environ.get("RANK", "0") == "0":  # one line, from the main process of a launch
+            say_fitted("train", str(cfg.model), fitted, "first update")
     try:
         train(cfg, decisions=decisions or None, resume=flags.resume is not None, overwrite=flags.overwrite)
     except (ResumeUnsupported, TeacherMismatch) as e:  # found before any training: a usage error, not a traceback
@@ -155,11 +190,17 @@ class SFTCommand(Strict):
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="The tiny policy's size, when --model "
                                   "is not given.")
     lora_r: int = Field(0, ge=0, description="Train LoRA adapters of this rank (merged into the saved model); 0: full "
-                        "fine-tuning.")
+                        "fine-tuning, the default for a pretrained --model too, since it is what taught "
+                        "SmolLM2-135M-Instruct the call format and a model of that size fits; with LoRA a pretrained "
+                        "--model gets LoRA's own measured recipe (--sft.lr "
+                        f"{PRETRAINED['sft-lora']['sft.lr'].value:g}; docs/models.md, 'Defaults for a pretrained "
+                        "model').")
     tool_format: str | None = Field(None, description="The call format the demonstrations are written in, a key of "
                                     "agentrl.chat.FORMATS; None: detected from the model's chat template.")
     seed: int = Field(0, description="Seeds the model build and the demonstration order.")
-    eval_episodes: int = Field(128, ge=1, description="Held-out episodes to evaluate the result on.")
+    eval_episodes: int = Field(128, ge=1, description="Held-out episodes to evaluate the result on. A pretrained "
+                               f"--model gets {PRETRAINED['sft']['eval_episodes'].value} unless set, as every "
+                               "real-model arm was judged on (docs/models.md, 'Defaults for a pretrained model').")
 
 
 def cmd_sft(argv: Sequence[str]) -> int:
@@ -168,6 +209,7 @@ def cmd_sft(argv: Sequence[str]) -> int:
                  "reports the held-out pass rate. Without --model, the tiny policy is built (from the demonstrations' "
                  "own text with --data) and trained at the tiny policy's learning rate.")
     _single_process("sft")
+    cmd, fitted = fit_to_model(cmd, "sft", argv)
     _check_env(cmd.env.id, cmd.env.kwargs)
     if cmd.lora_r and cmd.model is None:
         raise UsageError("--lora-r trains adapters on an existing model: give --model")
@@ -178,8 +220,15 @@ def cmd_sft(argv: Sequence[str]) -> int:
 
     cfg = TrainConfig(env=cmd.env, model=cmd.model, tool_format=cmd.tool_format, sft=cmd.sft, tiny=cmd.tiny,
                       seed=cmd.seed, eval={"episodes": cmd.eval_episodes})
+    record = None
+    if fitted is not None:
+        if cmd.data is not None:  # the file's conversations are the demonstrations, however many
+            fitted.filled.pop("sft.episodes", None)
+        say_fitted("sft", str(cmd.model), fitted, "first step")
+        record = {"pretrained_defaults": {"filled": {k: d.value for k, d in fitted.filled.items()},
+                                          "yours": fitted.yours}}
     try:
-        _, advice = run_sft(cfg, cmd.out, data=cmd.data, lora_r=cmd.lora_r)
+        _, advice = run_sft(cfg, cmd.out, data=cmd.data, lora_r=cmd.lora_r, record=record)
     except DataError as e:
         raise UsageError(str(e)) from None
     if advice:

@@ -83,7 +83,7 @@ def train(cfg: TrainConfig, monitor: Monitor | None = None, decisions: dict[str,
 
 
 def run_sft(cfg: TrainConfig, out: str | Path, data: str | None = None, lora_r: int = 0,
-            say: Callable[[str], None] | None = None) -> tuple[Any, str | None]:
+            say: Callable[[str], None] | None = None, record: dict[str, Any] | None = None) -> tuple[Any, str | None]:
     """Stage one alone (`agentrl sft`): fine-tune on demonstrations and save an HF folder to `out`; returns the
     held-out result of what was saved and the warm start's advice (None when it leaves RL something to learn).
 
@@ -91,7 +91,8 @@ def run_sft(cfg: TrainConfig, out: str | Path, data: str | None = None, lora_r: 
     `out`. Otherwise the demonstrations come from `data` (agentrl's or TRL's conversational JSONL) or from the
     env's scripted expert, and `cfg.model` (with LoRA adapters of rank `lora_r`, merged before saving) or the
     tiny policy built from the data's own text is fine-tuned on them. A file that holds nothing usable, or a
-    demonstration longer than the model's context, is a `DataError` naming where."""
+    demonstration longer than the model's context, is a `DataError` naming where. `record` joins what
+    warm_start.json says of the SFT (its settings, its metrics): the CLI's pretrained defaults."""
     import shutil
 
     from agentrl.evaluation import evaluate
@@ -146,7 +147,8 @@ def run_sft(cfg: TrainConfig, out: str | Path, data: str | None = None, lora_r: 
             policy.model = model.merge_and_unload()  # an ordinary HF folder, loadable without peft
         policy.save(out)
         metrics.update({"demonstrations": len(demos), "demo_pass_rate": sum(d.passed for d in demos) / len(demos),
-                        "data": data})
+                        "data": data, "settings": {"epochs": cfg.sft.epochs, "batch_size": cfg.sft.batch_size,
+                                                   "lr": lr, "lora_r": lora_r}, **(record or {})})
         (out / "warm_start.json").write_text(json.dumps(metrics, indent=2))
         say(f"sft: loss {metrics['sft/loss']:.4f} after {metrics['sft/steps']} steps in {metrics['sft/seconds']:.0f}s")
     result = evaluate(cfg, policy, None, getattr(policy.model.config, "max_position_embeddings", 2048), say=say)

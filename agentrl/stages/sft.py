@@ -25,6 +25,7 @@ from agentrl.config import TinyModelConfig
 from agentrl.context import ContextConfig, after_summary, get_policy
 from agentrl.core import AgentEnv, Episode
 from agentrl.engines.base import ScriptedEngine
+from agentrl.log import duration
 from agentrl.policy import MIN_SHARED_HEAD, Policy, adamw, build_tiny_policy, render_corpus_text, token_stats
 from agentrl.rollout import rollout
 from agentrl.store import make_batch, segment_batch
@@ -212,7 +213,8 @@ def sft(
 
 
 def progress_lines(say: Callable[[str], None] | None = None, every: float = 0.1) -> Callable[[dict[str, Any]], None]:
-    """An `sft(log=...)` callback that says the loss, the rate and the ETA about every `every` of the run."""
+    """An `sft(log=...)` callback that says the loss, the rate and the ETA about every `every` of the run; its
+    first line (the first step, or a resumed SFT's first) says the ETA is an estimate from that step's time."""
     say = say or agentrl_log.say(__name__)
     first: list[int | None] = [None]  # a resumed SFT's first step is said too, wherever it falls
 
@@ -220,16 +222,12 @@ def progress_lines(say: Callable[[str], None] | None = None, every: float = 0.1)
         step, steps = m["sft/step"], m["sft/steps"]
         stride = max(1, round(steps * every))
         if step == 1 or step % stride == 0 or step == steps or first[0] is None:
+            estimate = " (an estimate from this step's time)" if first[0] is None and step < steps else ""
             first[0] = step if first[0] is None else first[0]
             say(f"  sft step {step}/{steps}  loss {m['sft/loss']:.4f}  {m['sft/steps_per_s']:.1f} "
-                f"steps/s  ETA {_duration(m['sft/eta_s'])}")
+                f"steps/s  ETA {duration(m['sft/eta_s'])}{estimate}")
 
     return log
-
-
-def _duration(secs: float) -> str:
-    secs = int(round(secs))
-    return f"{secs // 60}m{secs % 60:02d}s" if secs >= 60 else f"{secs}s"
 
 
 def tiny_policy_from_conversations(convs: Sequence[Any], out: str | Path, tiny: TinyModelConfig,
