@@ -52,7 +52,8 @@ def sweep_command(family: str, horizons: list[int]) -> str:
             f"benchmarks/results/horizon_sweep_{family.replace('-', '_')}.json")
 
 
-def preregister(family_name: str, horizons: list[int], groups: int) -> dict[str, Any]:
+def preregister(family_name: str, horizons: list[int], groups: int,
+                dropped: dict[str, str] | None = None) -> dict[str, Any]:
     from agentrl.policy import Policy
     from agentrl.probe import probe_env
     from agentrl.probe.thresholds import probe_fingerprint
@@ -92,6 +93,8 @@ def preregister(family_name: str, horizons: list[int], groups: int) -> dict[str,
         "regret_rule": "per horizon, the sweep-best assigner's mean final pass rate minus the pick's; mean over "
                        "horizons (benchmarks/probe_lofo.py); every fixed choice scored the same way",
         "probe_groups": groups,
+        # horizons of the family left out before anything was probed, each with why (warm starts only)
+        "dropped_horizons": dropped or {},
         "horizon_rows": rows,
     }
 
@@ -129,6 +132,9 @@ def main() -> None:
                     "the 64 probe episodes of the four families' probes)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads: 1, as the sweep's workers, so that a "
                     "warm start rebuilt by either is the same")
+    ap.add_argument("--dropped", nargs=2, action="append", default=[], metavar=("N", "WHY"),
+                    help="a horizon of the family's default left out of the record, and why (its warm starts below "
+                    "the band, say): written into the record, so that a reader sees what was not predicted")
     ap.add_argument("--score", metavar="SWEEP", help="score the committed record against this sweep.json")
     args = ap.parse_args()
     import torch
@@ -139,7 +145,13 @@ def main() -> None:
     else:
         if RECORD.exists() and json.loads(RECORD.read_text()).get("scored"):
             raise SystemExit(f"{RECORD} is already scored: a new prediction needs a new family or probe version")
-        record = preregister(args.family, args.horizons or list(FAMILIES[args.family].horizons), args.groups)
+        horizons = args.horizons or list(FAMILIES[args.family].horizons)
+        dropped = {}
+        for n, why in args.dropped:
+            if not n.isdigit() or int(n) in horizons:
+                raise SystemExit(f"--dropped {n!r}: a dropped horizon is a knob value not among the probed {horizons}")
+            dropped[n] = why
+        record = preregister(args.family, horizons, args.groups, dropped)
     save("probe_preregistered", record, path=RECORD)
     announce("probe_preregistered", {k: v for k, v in record.items() if k != "horizon_rows"})
 
