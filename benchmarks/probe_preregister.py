@@ -45,14 +45,15 @@ SWEEP_ARGS = {"updates": 12, "groups": 4, "group_size": 8, "eval_episodes": 64, 
               "band_tries": 3}
 
 
-def sweep_command(family: str, horizons: list[int]) -> str:
+def sweep_command(family: str, horizons: list[int], tag: str = "") -> str:
     return (f"python benchmarks/horizon_sweep.py --family {family} --horizons {' '.join(map(str, horizons))} "
             f"--seeds 0 1 2 --updates {SWEEP_ARGS['updates']} --eval-episodes {SWEEP_ARGS['eval_episodes']} "
-            f"--jobs 2 --out runs/horizon-sweep-{family} && cp runs/horizon-sweep-{family}/sweep.json "
-            f"benchmarks/results/horizon_sweep_{family.replace('-', '_')}.json")
+            f"--jobs 2 --out runs/horizon-sweep-{family}{tag} && cp runs/horizon-sweep-{family}{tag}/sweep.json "
+            f"benchmarks/results/horizon_sweep_{family.replace('-', '_')}{tag.replace('-', '_')}.json")
 
 
-def preregister(family_name: str, horizons: list[int], groups: int) -> dict[str, Any]:
+def preregister(family_name: str, horizons: list[int], groups: int,
+                dropped: dict[str, str] | None = None, tag: str = "") -> dict[str, Any]:
     from agentrl.policy import Policy
     from agentrl.probe import probe_env
     from agentrl.probe.thresholds import probe_fingerprint
@@ -82,9 +83,9 @@ def preregister(family_name: str, horizons: list[int], groups: int) -> dict[str,
         **probe_fingerprint(),
         "written_before_sweep": True,
         "code_commit": commit,
-        "sweep_command": sweep_command(family_name, horizons),
-        "score_command": f"python benchmarks/probe_preregister.py --score benchmarks/results/horizon_sweep_"
-                         f"{family_name.replace('-', '_')}.json",
+        "sweep_command": sweep_command(family_name, horizons, tag),
+        "score_command": f"python benchmarks/probe_preregister.py{f' --tag {tag}' if tag else ''} --score benchmarks/"
+                         f"results/horizon_sweep_{family_name.replace('-', '_')}{tag.replace('-', '_')}.json",
         "why_this_family": "the first family without step scores: on the four calibration families steppo read "
                            "the env's step scores and was best or tied at every horizon, so the probe reduced to "
                            "'steppo unless at most 4 turns'; here steppo has no step score to read, so the best "
@@ -92,14 +93,16 @@ def preregister(family_name: str, horizons: list[int], groups: int) -> dict[str,
         "regret_rule": "per horizon, the sweep-best assigner's mean final pass rate minus the pick's; mean over "
                        "horizons (benchmarks/probe_lofo.py); every fixed choice scored the same way",
         "probe_groups": groups,
+        # horizons of the family left out before anything was probed, each with why (warm starts only)
+        "dropped_horizons": dropped or {},
         "horizon_rows": rows,
     }
 
 
-def score(sweep_path: str) -> dict[str, Any]:
+def score(sweep_path: str, record_path: Path = RECORD) -> dict[str, Any]:
     from probe_lofo import horizon_finals, regret
 
-    record = json.loads(RECORD.read_text())
+    record = json.loads(record_path.read_text())
     sweep = json.loads(Path(sweep_path).read_text())
     if sweep.get("family") != record["family"]:
         raise SystemExit(f"{sweep_path} is a sweep of {sweep.get('family')}, the record is {record['family']}'s")
@@ -129,18 +132,32 @@ def main() -> None:
                     "the 64 probe episodes of the four families' probes)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads: 1, as the sweep's workers, so that a "
                     "warm start rebuilt by either is the same")
+    ap.add_argument("--dropped", nargs=2, action="append", default=[], metavar=("N", "WHY"),
+                    help="a horizon of the family's default left out of the record, and why (its warm starts below "
+                    "the band, say): written into the record, so that a reader sees what was not predicted")
+    ap.add_argument("--tag", default="", help="a second prediction for the same family (e.g. -5terms): its own "
+                    "record (probe_preregistered<TAG>.json) and sweep folder, so a scored record stays as it was")
     ap.add_argument("--score", metavar="SWEEP", help="score the committed record against this sweep.json")
     args = ap.parse_args()
     import torch
 
     torch.set_num_threads(args.threads)
+    if args.tag and not all(c.isalnum() or c == "-" for c in args.tag):
+        raise SystemExit(f"--tag {args.tag!r}: letters, digits and '-' only (it names files)")
+    path = RESULTS / f"probe_preregistered{args.tag.replace('-', '_')}.json"
     if args.score:
-        record = score(args.score)
+        record = score(args.score, path)
     else:
-        if RECORD.exists() and json.loads(RECORD.read_text()).get("scored"):
-            raise SystemExit(f"{RECORD} is already scored: a new prediction needs a new family or probe version")
-        record = preregister(args.family, args.horizons or list(FAMILIES[args.family].horizons), args.groups)
-    save("probe_preregistered", record, path=RECORD)
+        if path.exists() and json.loads(path.read_text()).get("scored"):
+            raise SystemExit(f"{path} is already scored: a new prediction needs a new --tag, family or probe version")
+        horizons = args.horizons or list(FAMILIES[args.family].horizons)
+        dropped = {}
+        for n, why in args.dropped:
+            if not n.isdigit() or int(n) in horizons:
+                raise SystemExit(f"--dropped {n!r}: a dropped horizon is a knob value not among the probed {horizons}")
+            dropped[n] = why
+        record = preregister(args.family, horizons, args.groups, dropped, args.tag)
+    save("probe_preregistered", record, path=path)
     announce("probe_preregistered", {k: v for k, v in record.items() if k != "horizon_rows"})
 
 

@@ -206,7 +206,10 @@ class ReasoningGymChainEnv(ReasoningGymCalcEnv):
         """Evaluate one operation on two numbers, e.g. "-3 + 8"."""
         if not ONE_OPERATION.fullmatch(expression):
             return "calculator error: one operation on two numbers a call, e.g. \"-3 + 8\""
-        value = calculate(expression)
+        try:
+            value = calculate(expression)
+        except ValueError as e:  # the policy's text ("05 + 3", "4 / 0"): an observation, not a failed episode
+            return f"calculator error: {e}"
         if self.folded + 1 < len(self.partials) and value == self.partials[self.folded + 1]:
             self.folded += 1  # the next partial sum: what the expert carries on from
         return f"{expression} = {fmt(value)}"

@@ -127,11 +127,26 @@ def test_rg_chain_takes_one_operation_a_turn_and_scores_only_the_answer():
     assert len(actions) == 6  # five operations and the answer
 
 
+def test_rg_chain_answers_a_calculation_it_cannot_do_with_an_error_the_policy_reads():
+    """The policy's numbers are its own text: a leading zero ("05 + 3" is not Python) or a division by zero is an
+    observation and a spent turn, never an episode that raises (an RL run on rg-chain stopped on "05")."""
+    from agentrl.adapters.reasoning_gym_tasks import ReasoningGymChainEnv
+
+    env = ReasoningGymChainEnv(difficulty=3, slack=1)
+    env.reset(seed=0)  # 1 - 7 + 5
+    for bad in ("01 - 7", "1 / 0"):
+        obs, reward, terminated, truncated, _ = env.step(call("calculator", expression=bad))
+        assert obs.startswith("calculator error:") and (reward, terminated, truncated) == (0.0, False, False)
+    assert env.folded == 0 and env.turn == 2
+    obs, *_ = env.step(call("calculator", expression="1 - 7"))
+    assert obs.endswith("= -6") and env.folded == 1  # the episode goes on where it was
+
+
 def test_the_sweeps_rg_chain_family_sets_the_turn_budget_by_its_terms():
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     from horizon_sweep import FAMILIES
 
     fam = FAMILIES["rg-chain"]
