@@ -27,6 +27,8 @@ from pathlib import Path
 
 from benchlib import parser, report
 
+from agentrl.report import read_metrics
+
 ARMS = {
     "warn": [],  # the README's main job as it is
     "intervene": ["--health.on-alarm", "intervene"],
@@ -49,7 +51,7 @@ def run(arm: str, seed: int, folder: Path, updates: int | None) -> None:
 def figures(folder: Path) -> dict:
     """One run's outcome: held-out pass rates (start, each evaluation, final), the updates at which ENTROPY COLLAPSE
     was logged, the interventions, and the entropy at the end."""
-    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows, _ = read_metrics(folder / "metrics.jsonl")
     summary = json.loads((folder / "summary.json").read_text())
     evals = [(r["step"], r["eval/pass_rate"]) for r in rows if "eval/pass_rate" in r]
     train = [r for r in rows if "train/entropy" in r]
