@@ -27,10 +27,11 @@ def play(env, seed, actor):
             return reward, terminated, truncated, info
 
 
-def test_expert_scores_one_on_bfcls_checker_for_a_slice_of_base():
-    env = BFCLEnv(category="base", subset="0-25")
+@pytest.mark.parametrize("split, entries", [("train", 20), ("eval", 5)])  # 0-24: 3, 8, 13, 18, 23 held out
+def test_expert_scores_one_on_bfcls_checker_for_a_slice_of_base(split, entries):
+    env = BFCLEnv(category="base", subset="0-25", split=split)
     scores = [play(env, seed, lambda e: e.expert_action())[0] for seed in range(len(env.entries))]
-    assert scores == [1.0] * 25, [env.entries[i].id for i, s in enumerate(scores) if s != 1.0]
+    assert scores == [1.0] * entries, [env.entries[i].id for i, s in enumerate(scores) if s != 1.0]
 
 
 @pytest.mark.parametrize("category", ["miss_func", "miss_param", "long_context"])
@@ -94,7 +95,7 @@ def test_hostile_calls_are_observations_not_crashes():
 
 
 def test_values_go_to_the_api_as_written_as_bfcl_passes_them():
-    env = BFCLEnv(subset=["multi_turn_base_173"])  # its ground truth: close_ticket(ticket_id='ticket_001')
+    env = BFCLEnv(subset=["multi_turn_base_173"], split="eval")  # its ground truth: close_ticket(ticket_id='ticket_001')
     assert play(env, 0, lambda e: e.expert_action())[0] == 1.0
 
 
@@ -160,8 +161,8 @@ def test_pickled_mid_episode_plays_on_alike():
 def test_subset_and_category_knobs():
     assert len(BFCLEnv(subset=5).entries) == 5
     assert [e.id for e in BFCLEnv(subset="10-12").entries] == ["multi_turn_base_10", "multi_turn_base_11"]
-    assert [e.id for e in BFCLEnv(subset=["multi_turn_base_7", 3]).entries] == ["multi_turn_base_7",
-                                                                                 "multi_turn_base_3"]
+    assert [e.id for e in BFCLEnv(subset=["multi_turn_base_7", 4]).entries] == ["multi_turn_base_7",
+                                                                                 "multi_turn_base_4"]
     assert len(load_category("miss_param")) == 200
     for bad in [0, 201, "5-5", "multi_turn_nope", [500], True]:
         with pytest.raises(ValueError):
