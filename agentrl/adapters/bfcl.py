@@ -19,6 +19,10 @@ ground-truth calls of each turn. What the adapter takes from BFCL, unchanged:
   instances beside the ground truth and compares the instances' state and the calls' results. The reward is
   1.0 when it says valid, else 0.0; ``env.verdict`` keeps its answer (``error_type``, ``error_message``).
 
+The held-out split: ``split="eval"`` plays every fifth scenario (entry N when N % 5 == 3, 40 of 200), the same
+scenarios in every category, since entry N of each is one scenario; ``split="train"`` (the default) the other 160
+(`entry_split`, and docs/evaluation.md, "Splits that mean unseen").
+
 What differs, and why: a malformed call (bad JSON, an unknown function, an argument name the function lacks or a
 required one missing) is an error observation within the same user turn, counted in ``info["malformed_calls"]``
 (BFCL ends the turn on a response it cannot decode). Argument values are not checked against the docs' types: they
