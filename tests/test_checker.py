@@ -202,3 +202,24 @@ def test_splits_disjoint_takes_the_two_envs_in_their_order():
     with pytest.raises(AssertionError, match="the train split's env says split='eval'"):
         check_splits_disjoint(Planted(split="eval"), Planted(split="eval"))
     assert "none shared" in check_splits_disjoint(Planted(), Planted(split="eval"))
+
+
+class TrainOnly(Planted):
+    """An env whose arguments its eval split refuses, as BFCL refuses a subset that lists training entries."""
+
+    def __init__(self, split="train", **kwargs):
+        if split == "eval":
+            raise ValueError("TrainOnly: no held-out split for these arguments")
+        super().__init__(split=split, **kwargs)
+
+
+def test_train_refuses_an_env_whose_held_out_split_cannot_be_built_before_any_work(capsys):
+    assert main(["train", "--env.id", "test_checker:TrainOnly", "--updates", "0", "--model", "unused"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "the held-out evaluation's environment ({'split': 'eval'}) test_checker:TrainOnly" in err, err
+    assert "no held-out split for these arguments" in err
+    from agentrl.config import TrainConfig
+    from agentrl.stages.pipeline import train
+
+    with pytest.raises(ValueError, match="the held-out evaluation's env test_checker:TrainOnly"):
+        train(TrainConfig(env={"id": "test_checker:TrainOnly"}, model="unused"))
