@@ -284,6 +284,8 @@ def check_split(env: AgentEnv, build: Callable[[str], AgentEnv] | None = None) -
     """Where the env declares a split: its other split, built by `build(split)` from the same arguments (as held-out
     evaluation builds it), and `check_splits_disjoint` on the two."""
     if not declares_split(env):
+        if hasattr(env, "split"):  # held-out evaluation builds it with split="eval" all the same
+            return "unchecked: the env has a `split` but no task_ids() to name its tasks by; " + SPLIT_HINT
         return "none declared: held-out evaluation plays other seeds of the same tasks; " + SPLIT_HINT
     if env.split not in ("train", "eval"):
         raise AssertionError(f"split must be 'train' or 'eval', got {env.split!r}")

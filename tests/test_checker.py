@@ -194,6 +194,9 @@ def test_split_check_without_a_split_or_without_the_arguments_says_why_it_did_no
     assert split_result("agentrl/Vault-v0").message.startswith("none declared")
     result = split_result(Planted())  # an instance built by hand: its arguments are unknown
     assert result.ok and result.message.startswith("skipped"), result.message
+    unnamed = Planted()
+    unnamed.task_ids = None  # a split, but no way to name its tasks
+    assert split_result(unnamed).message.startswith("unchecked: the env has a `split` but no task_ids()")
 
 
 def test_splits_disjoint_takes_the_two_envs_in_their_order():
