@@ -236,6 +236,73 @@ def check_sandbox(env: AgentEnv) -> str | None:
     return note
 
 
+SPLIT_SEEDS = 16  # seeds each split is reset on, to check that the tasks it serves are those it declares
+SPLIT_HINT = ("a `split` argument (train | eval) and a `task_ids(limit=None)` method declare one, which held-out "
+              "evaluation builds with split='eval' (docs/evaluation.md, 'Splits that mean unseen')")
+
+
+def declares_split(env: Any) -> bool:
+    """Does `env` declare a held-out split: a `split` attribute (``train`` or ``eval``) and a method
+    ``task_ids(limit=None) -> list[str]`` that names its split's tasks as ``info["task_id"]`` at reset names them?"""
+    return hasattr(env, "split") and callable(getattr(env, "task_ids", None))
+
+
+def check_splits_disjoint(train: AgentEnv, held_out: AgentEnv, seeds: int = SPLIT_SEEDS) -> str:
+    """One env's train and eval splits share no task: their declared task ids (the full sets: ids are named, not
+    generated) do not overlap, and each split, reset on seeds 0..`seeds`-1, serves only tasks it declares. Raises
+    AssertionError naming a shared id; the note counts the tasks and any first observation both samples open with
+    (a small task space repeats its texts under different ids: reasoning-gym's two-term sums)."""
+    for env, want in ((train, "train"), (held_out, "eval")):
+        assert getattr(env, "split", None) == want, f"the {want} split's env says split={getattr(env, 'split', None)!r}"
+    train_ids, eval_ids = train.task_ids(), held_out.task_ids()
+    assert train_ids and eval_ids, f"a split declares no task ({len(train_ids)} train, {len(eval_ids)} eval)"
+    train_set = set(train_ids)
+    shared = [t for t in eval_ids if t in train_set]
+    assert not shared, (f"task {shared[0]!r} is in both the train and the eval split ({len(shared)} of the eval "
+                        f"split's {len(eval_ids)} tasks are)")
+    declared = {"train": train_set, "eval": set(eval_ids)}
+    opening: dict[str, set[str]] = {"train": set(), "eval": set()}
+    for env, name in ((train, "train"), (held_out, "eval")):
+        for seed in range(seeds):
+            obs, info = env.reset(seed=seed)
+            task = info.get("task_id")
+            assert isinstance(task, str) and task, f"the {name} split's reset(seed={seed}) names no info['task_id']"
+            where = " (a train task)" if name == "eval" and task in train_set else ""
+            assert task in declared[name], (f"the {name} split served task {task!r}{where} on seed {seed}, which its "
+                                            "task_ids() does not declare")
+            opening[name].add(obs)
+    note = (f"{len(train_ids):,} train and {len(eval_ids):,} eval tasks, none shared; {seeds} seeds of each serve "
+            "its own")
+    repeated = len(opening["train"] & opening["eval"])
+    if repeated:
+        note += (f"; {repeated} first observation(s) open episodes of both splits (different tasks, the same text: "
+                 "a small task space)")
+    return note
+
+
+def check_split(env: AgentEnv, build: Callable[[str], AgentEnv] | None = None) -> str:
+    """Where the env declares a split: its other split, built by `build(split)` from the same arguments (as held-out
+    evaluation builds it), and `check_splits_disjoint` on the two."""
+    if not declares_split(env):
+        if hasattr(env, "split"):  # held-out evaluation builds it with split="eval" all the same
+            return "unchecked: the env has a `split` but no task_ids() to name its tasks by; " + SPLIT_HINT
+        return "none declared: held-out evaluation plays other seeds of the same tasks; " + SPLIT_HINT
+    if env.split not in ("train", "eval"):
+        raise AssertionError(f"split must be 'train' or 'eval', got {env.split!r}")
+    if build is None:
+        return "skipped: built from an instance without its arguments; give check_env the env's id or class"
+    other_split = "eval" if env.split == "train" else "train"
+    try:
+        other = build(other_split)
+    except Exception as e:  # the held-out evaluation would fail the same way: say so here
+        raise AssertionError(f"the {other_split} split cannot be built from the same arguments, as held-out "
+                             f"evaluation builds it: {type(e).__name__}: {e}") from e
+    try:
+        return check_splits_disjoint(*((env, other) if env.split == "train" else (other, env)))
+    finally:
+        other.close()
+
+
 CHECKS = [
     check_is_agent_env,
     check_tools,
@@ -250,20 +317,38 @@ CHECKS = [
     check_expert_finishes,
     check_expert_summary,
     check_sandbox,
+    check_split,
 ]
 
 
+def _split_builder(source: AgentEnv | str | type, kwargs: dict[str, Any],
+                   env: AgentEnv) -> Callable[[str], AgentEnv] | None:
+    """How to build `env` again with another split: from the id or class check_env was given, else from the
+    registered spec `make` left on the env; None for an instance built by hand."""
+    if isinstance(source, str):
+        return lambda split: make(source, **{**kwargs, "split": split})
+    if isinstance(source, type):
+        return lambda split: source(**{**kwargs, "split": split})
+    spec = getattr(env, "spec", None)
+    if spec is not None and spec.id:
+        return lambda split: make(spec.id, **{**(spec.kwargs or {}), "split": split})
+    return None
+
+
 def check_env(env: AgentEnv | str | type, **kwargs: Any) -> list[CheckResult]:
-    """Run every check; `env` is an instance, a class, a registered id or `module:Class`."""
+    """Run every check; `env` is an instance, a class, a registered id or `module:Class`. An env that declares a
+    split is also built with the other split from the same arguments (`check_split`)."""
+    source = env
     if isinstance(env, str):
         env = make(env, **kwargs)
     elif isinstance(env, type):
         env = env(**kwargs)
+    build = _split_builder(source, kwargs, env)
     results = []
     for check in CHECKS:
         name = check.__name__.removeprefix("check_")
         try:
-            note = check(env)
+            note = check_split(env, build) if check is check_split else check(env)
             results.append(CheckResult(name, True, note or ""))
         except Exception as e:  # a check that crashes is a failed check, with its reason
             msg = str(e) if isinstance(e, AssertionError) else f"{type(e).__name__}: {e}"

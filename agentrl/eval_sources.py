@@ -240,9 +240,12 @@ def _check_agent(source: EvalSource, offset: int, where: str) -> None:
 
 
 def overlaps_training(source: Source, cfg: TrainConfig) -> bool:
-    """Whether `source` evaluates the training env on seeds training draws (below eval.seed_offset)."""
+    """Whether `source` evaluates the training env on seeds training draws (below eval.seed_offset). A source that
+    plays the eval split of an env that declares one, while training plays another, does not: there the split,
+    not the seed, decides the task (docs/evaluation.md, "Splits that mean unseen")."""
     same_env = source.cfg.agent is None and (source.cfg.env is None or source.cfg.env == cfg.env)
-    return cfg.agent is None and same_env and source.seeds[0] < cfg.eval.seed_offset
+    held_out = source.env_kwargs.get("split") == "eval" and cfg.env.kwargs.get("split", "train") != "eval"
+    return cfg.agent is None and same_env and not held_out and source.seeds[0] < cfg.eval.seed_offset
 
 
 # -- evaluating one source ----------------------------------------------------------------------------

@@ -67,8 +67,9 @@ def heldout_env_kwargs(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def heldout_kwargs(env_id: str, env_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """An environment's arguments for held-out evaluation: an env with a `split` attribute (Code-v0) is built
-    with split="eval", i.e. on tasks and verifier tests that training never sees, unless the arguments name one."""
+    """An environment's arguments for held-out evaluation: an env with a `split` attribute (Code-v0, BFCL-v0, the
+    reasoning-gym envs, TextWorld-v0) is built with split="eval", i.e. on tasks that training never sees, unless
+    the arguments name one (docs/evaluation.md, "Splits that mean unseen")."""
     kwargs = dict(env_kwargs)
     if "split" not in kwargs and _has_split(env_id, json.dumps(kwargs, sort_keys=True, default=str)):
         kwargs["split"] = "eval"

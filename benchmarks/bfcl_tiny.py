@@ -36,7 +36,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default="benchmarks/results/bfcl_tiny.json")
     args = p.parse_args()
+    # split=train named: the held-out evaluation plays these same entries (other seeds), not BFCL's eval split
     flags = ["--env.id", "agentrl/BFCL-v0", "--env-kw", "functions=path", "--env-kw", f"subset={ENTRIES}",
+             "--env-kw", "split=train",
              "--tiny.max-position-embeddings", "4096", "--rollout.sampling.max-new-tokens", "160",
              "--sft.episodes", str(args.sft_episodes), "--sft.epochs", str(args.sft_epochs),
              "--rollout.groups", "4", "--rollout.group-size", "4"]

@@ -58,6 +58,10 @@ class CodeEnv(AnswerEnv):
         if not self.tasks:
             raise ValueError(f"CodeEnv: no HumanEval task fits split={split!r}, max_prompt_chars={max_prompt_chars}")
 
+    def task_ids(self, limit: int | None = None) -> list[str]:
+        """The HumanEval ids of this split's tasks, in order; the first `limit` (agentrl.checker.check_split)."""
+        return [t.task_id for t in self.tasks[:limit]]
+
     def run_tests(self, code: str) -> str:
         """Run the visible test against your code (a function body, or full definitions)."""
         result = self.sandbox.run_tests(self.task.program(code), self._with_setup(self.visible), self.task.entry_point,

@@ -134,3 +134,95 @@ def test_sandbox_check_names_the_isolation_and_fails_without_it():
     env.sandbox = Unisolated()
     with pytest.raises(AssertionError, match="network, files and processes are NOT isolated"):
         check_sandbox(env)
+
+
+class Planted(AgentEnv):
+    """A declared split, to plant faults in: the train split's tasks are t0-t2, the eval split's `eval_tasks`;
+    with `serve_train`, the eval split serves train tasks whatever it declares."""
+
+    max_turns = 1
+    TRAIN = ("t0", "t1", "t2")
+
+    def __init__(self, split="train", eval_tasks=("e0", "e1"), serve_train=False):
+        super().__init__()
+        self.split = split
+        self.tasks = list(self.TRAIN if split == "train" else eval_tasks)
+        self.served = list(self.TRAIN) if serve_train else self.tasks
+
+    def task_ids(self, limit=None):
+        return self.tasks[:limit]
+
+    def wait(self) -> str:
+        """Wait a turn."""
+        return "waited"
+
+    tools = [wait]
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        task = self.served[seed % len(self.served)]
+        return f"task {task}", {"task_id": task}
+
+    def verify(self):
+        return 0.0
+
+
+def split_result(env, **kwargs):
+    return next(r for r in check_env(env, **kwargs) if r.name == "split")
+
+
+def test_split_check_passes_on_disjoint_splits_and_says_how_many():
+    result = split_result(Planted)
+    assert result.ok and result.message.startswith("3 train and 2 eval tasks, none shared"), result.message
+
+
+def test_a_planted_overlap_fails_naming_the_shared_task():
+    result = split_result(Planted, eval_tasks=("e0", "t1"))
+    assert not result.ok and "task 't1' is in both the train and the eval split" in result.message
+    # built as the eval split, the check builds the train split from the same arguments and finds the same task
+    result = split_result(Planted, split="eval", eval_tasks=("t2",))
+    assert not result.ok and "'t2'" in result.message
+
+
+def test_an_eval_split_that_serves_a_train_task_fails_naming_it_and_the_seed():
+    result = split_result(Planted, serve_train=True)
+    assert not result.ok
+    assert "the eval split served task 't0' (a train task) on seed 0" in result.message, result.message
+
+
+def test_split_check_without_a_split_or_without_the_arguments_says_why_it_did_nothing():
+    assert split_result("agentrl/Vault-v0").message.startswith("none declared")
+    result = split_result(Planted())  # an instance built by hand: its arguments are unknown
+    assert result.ok and result.message.startswith("skipped"), result.message
+    unnamed = Planted()
+    unnamed.task_ids = None  # a split, but no way to name its tasks
+    assert split_result(unnamed).message.startswith("unchecked: the env has a `split` but no task_ids()")
+
+
+def test_splits_disjoint_takes_the_two_envs_in_their_order():
+    from agentrl.checker import check_splits_disjoint
+
+    with pytest.raises(AssertionError, match="the train split's env says split='eval'"):
+        check_splits_disjoint(Planted(split="eval"), Planted(split="eval"))
+    assert "none shared" in check_splits_disjoint(Planted(), Planted(split="eval"))
+
+
+class TrainOnly(Planted):
+    """An env whose arguments its eval split refuses, as BFCL refuses a subset that lists training entries."""
+
+    def __init__(self, split="train", **kwargs):
+        if split == "eval":
+            raise ValueError("TrainOnly: no held-out split for these arguments")
+        super().__init__(split=split, **kwargs)
+
+
+def test_train_refuses_an_env_whose_held_out_split_cannot_be_built_before_any_work(capsys):
+    assert main(["train", "--env.id", "test_checker:TrainOnly", "--updates", "0", "--model", "unused"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "the held-out evaluation's environment ({'split': 'eval'}) test_checker:TrainOnly" in err, err
+    assert "no held-out split for these arguments" in err
+    from agentrl.config import TrainConfig
+    from agentrl.stages.pipeline import train
+
+    with pytest.raises(ValueError, match="the held-out evaluation's env test_checker:TrainOnly"):
+        train(TrainConfig(env={"id": "test_checker:TrainOnly"}, model="unused"))

@@ -208,6 +208,22 @@ def test_the_command_line_takes_sources_with_set_and_refuses_a_bad_one(capsys):
     assert "eval.sources[0] (even): cannot import scorer 'no_such_module_q:f'" in err
 
 
+def test_a_source_on_the_held_out_split_of_the_training_env_is_not_flagged_as_seen_whatever_its_seeds():
+    from agentrl.eval_sources import overlaps_training
+
+    def flagged(env_id, train_kwargs, **source):
+        cfg = TrainConfig(env={"id": env_id, "kwargs": train_kwargs},
+                          eval={"sources": [{"name": "s", "seed_offset": 0, **source}]})
+        [resolved] = resolve_sources(cfg)
+        return resolved.env_kwargs.get("split"), overlaps_training(resolved, cfg)
+
+    planted = "test_checker:Planted"  # an env that declares a split
+    assert flagged(planted, {}) == ("eval", False)  # the training env, built with its held-out split: other tasks
+    assert flagged(planted, {"split": "train"}) == ("train", True)  # the split named: training's tasks and seeds
+    assert flagged("test_eval_sources:EvenSeeds", {}) == (None, True)  # no split: the seeds decide, and overlap
+    assert flagged(planted, {}, env={"id": "test_eval_sources:EvenSeeds"}) == (None, False)  # another env
+
+
 def test_without_sources_nothing_is_added():
     assert TrainConfig().eval.sources == []
     assert resolve_sources(TrainConfig()) == []

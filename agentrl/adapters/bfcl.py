@@ -19,6 +19,10 @@ ground-truth calls of each turn. What the adapter takes from BFCL, unchanged:
   instances beside the ground truth and compares the instances' state and the calls' results. The reward is
   1.0 when it says valid, else 0.0; ``env.verdict`` keeps its answer (``error_type``, ``error_message``).
 
+The held-out split: ``split="eval"`` plays every fifth scenario (entry N when N % 5 == 3, 40 of 200), the same
+scenarios in every category, since entry N of each is one scenario; ``split="train"`` (the default) the other 160
+(`entry_split`, and docs/evaluation.md, "Splits that mean unseen").
+
 What differs, and why: a malformed call (bad JSON, an unknown function, an argument name the function lacks or a
 required one missing) is an error observation within the same user turn, counted in ``info["malformed_calls"]``
 (BFCL ends the turn on a response it cannot decode). Argument values are not checked against the docs' types: they
@@ -222,15 +226,50 @@ def _call(name: str, arguments: dict[str, Any]) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
-def _select(entries: Sequence[Entry], subset: int | str | Sequence[int | str] | None) -> tuple[Entry, ...]:
+# The held-out split. Entry N of every category is one scenario (miss_func, miss_param and long_context rewrite
+# base's entry N), so the split goes by N, the same in every category: training on base's train split never shows a
+# scenario that miss_param's eval split holds out. Every fifth entry, not a hash of the id: the files run in blocks of
+# 50 by their main API (file system, vehicle, trading, travel), so every fifth holds out exactly 10 of each block and
+# 40 of 200, where a hash leaves the share per API to chance; and anyone can say by hand which split an entry is in.
+# Residue 3: the first three entries (the docs' and tests' examples) and the entries the committed benchmarks train
+# on (bfcl_tiny.py, bfcl_smollm2.py) all stay in train.
+HELD_OUT_EVERY, HELD_OUT_AT = 5, 3
+SPLITS = ("train", "eval")
+
+
+def entry_number(entry_id: str) -> int:
+    """N of ``multi_turn_<category>_N``: the scenario, shared by the four categories."""
+    m = re.fullmatch(r"multi_turn_[a-z_]+?_(\d+)", entry_id)
+    if m is None:
+        raise ValueError(f"BFCL: entry id {entry_id!r} is not multi_turn_<category>_<number>")
+    return int(m[1])
+
+
+def entry_split(entry_id: str) -> str:
+    """``eval`` for every fifth scenario (N % 5 == 3), ``train`` for the others.
+
+    >>> [entry_split(f"multi_turn_base_{n}") for n in range(5)]
+    ['train', 'train', 'train', 'eval', 'train']
+    """
+    return "eval" if entry_number(entry_id) % HELD_OUT_EVERY == HELD_OUT_AT else "train"
+
+
+def _select(entries: Sequence[Entry], split: str, subset: int | str | Sequence[int | str] | None) -> tuple[Entry, ...]:
+    """The split's entries, then `subset` of them: an int n, the split's first n; START-STOP, the split's entries at
+    positions START..STOP-1 of the category; a list, entries named by position or id, each of which must be in the
+    split (an entry of the other split is refused, not dropped: the caller meant it)."""
+    if split not in SPLITS:
+        raise ValueError(f"BFCL: split must be 'train' or 'eval', got {split!r}")
+    pool = tuple(e for e in entries if entry_split(e.id) == split)
+    rule = f"entry N is held out (split='eval') when N % {HELD_OUT_EVERY} == {HELD_OUT_AT}"
     if subset is None:
-        return tuple(entries)
+        return pool
     if isinstance(subset, bool):
         raise ValueError(f"BFCL: subset must be a count, a START-STOP range or a list, got {subset!r}")
     if isinstance(subset, int):
-        if not 1 <= subset <= len(entries):
-            raise ValueError(f"BFCL: subset={subset} must be between 1 and the category's {len(entries)} entries")
-        return tuple(entries[:subset])
+        if not 1 <= subset <= len(pool):
+            raise ValueError(f"BFCL: subset={subset} must be between 1 and the {split} split's {len(pool)} entries")
+        return pool[:subset]
     if isinstance(subset, str):
         m = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", subset)
         if m is None:
@@ -240,20 +279,27 @@ def _select(entries: Sequence[Entry], subset: int | str | Sequence[int | str] | 
             if not 0 <= start < stop <= len(entries):
                 raise ValueError(f"BFCL: subset {subset!r} must be START-STOP with 0 <= START < STOP <= "
                                  f"{len(entries)} (STOP excluded, as in range())")
-            return tuple(entries[start:stop])
+            chosen = tuple(e for e in entries[start:stop] if entry_split(e.id) == split)
+            if not chosen:
+                raise ValueError(f"BFCL: subset {subset!r} holds no entry of the {split} split ({rule})")
+            return chosen
     by_id = {e.id: e for e in entries}
-    chosen = []
+    picked = []
     for item in subset:
         if isinstance(item, int) and not isinstance(item, bool) and 0 <= item < len(entries):
-            chosen.append(entries[item])
+            entry = entries[item]
         elif isinstance(item, str) and item in by_id:
-            chosen.append(by_id[item])
+            entry = by_id[item]
         else:
             raise ValueError(f"BFCL: subset item {item!r} is neither an index below {len(entries)} nor an entry id "
                              f"of the category (e.g. {entries[0].id})")
-    if not chosen:
+        if entry_split(entry.id) != split:
+            raise ValueError(f"BFCL: subset item {item!r} ({entry.id}) is in the {entry_split(entry.id)} split, not "
+                             f"{split!r} ({rule}); name entries of one split, or pass split={entry_split(entry.id)!r}")
+        picked.append(entry)
+    if not picked:
         raise ValueError("BFCL: subset is empty")
-    return tuple(chosen)
+    return tuple(picked)
 
 
 # --------------------------------------------------------------------------------------------
@@ -263,9 +309,11 @@ def _select(entries: Sequence[Entry], subset: int | str | Sequence[int | str] | 
 class BFCLEnv(AgentEnv):
     """BFCL multi-turn entries, one per episode (see the module docstring).
 
-    `category`: base, miss_func, miss_param or long_context. `subset`: which entries (None: all 200; an int n: the
-    first n; ``"START-STOP"``: a range, STOP excluded; a list of indices or ids). An episode's seed picks entry
-    ``seed % len(entries)``, so seeds 0..n-1 visit a subset once each. `steps_per_turn`: BFCL's step limit within
+    `category`: base, miss_func, miss_param or long_context. `split`: ``train`` (160 entries of 200) or ``eval`` (the
+    40 held out: every fifth scenario, `entry_split`). `subset`: which entries of the split (None: all; an int n: the
+    split's first n; ``"START-STOP"``: the split's entries in that range of the category, STOP excluded; a list of
+    indices or ids, all in the split). An episode's seed picks entry ``seed % len(entries)``, so seeds 0..n-1 visit
+    a subset once each. `steps_per_turn`: BFCL's step limit within
     one user turn. `max_turns`: the policy turns of an episode (default: every user turn's full step limit).
     `functions`: ``all`` (BFCL's: every function of the entry's classes) or ``path``, only the functions its
     solution uses (the entry's ``path`` and ground truth): not BFCL's benchmark but a prompt of a few functions
@@ -276,7 +324,8 @@ class BFCLEnv(AgentEnv):
     answers_in_text: ClassVar[bool] = True  # a reply without a call ends the user turn; it is not a malformed call
 
     def __init__(self, category: str = "base", subset: int | str | Sequence[int | str] | None = None,
-                 steps_per_turn: int = STEP_LIMIT, max_turns: int | None = None, functions: str = "all"):
+                 steps_per_turn: int = STEP_LIMIT, max_turns: int | None = None, functions: str = "all",
+                 split: str = "train"):
         super().__init__(max_turns=max_turns)
         if functions not in ("all", "path"):
             raise ValueError(f"BFCL: functions must be 'all' (BFCL's) or 'path' (those the solution uses), got "
@@ -286,7 +335,8 @@ class BFCLEnv(AgentEnv):
         if steps_per_turn < 1:
             raise ValueError(f"BFCL: steps_per_turn must be >= 1, got {steps_per_turn}")
         self.category, self.steps_per_turn, self.budget = category, steps_per_turn, max_turns
-        self.entries = _select(load_category(category), subset)
+        self.split = split
+        self.entries = _select(load_category(category), split, subset)
         _import(f"{BACKEND}.multi_turn_checker")  # without bfcl-eval, say so here rather than at the first verdict
         self.entry: Entry | None = None
         self.instances: dict[str, Any] = {}
@@ -300,6 +350,10 @@ class BFCLEnv(AgentEnv):
         self._forced_out = False
         self.entry = self.entries[0]
         self._load(self.entry)  # the tools are known before the first reset (check_env, show-prompt ask)
+
+    def task_ids(self, limit: int | None = None) -> list[str]:
+        """The ids of the entries this env plays (its split, its subset), in order; the first `limit`."""
+        return [e.id for e in self.entries[:limit]]
 
     # -- the entry's APIs and tools ------------------------------------------------------------
 

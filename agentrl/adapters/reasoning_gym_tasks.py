@@ -11,7 +11,14 @@
 ``task`` is any reasoning-gym dataset name (``chain_sum``, ``leg_counting``, ``word_sorting``, ...);
 ``config`` passes that dataset's own options; ``difficulty`` is one knob for the tasks listed in
 `DIFFICULTY` (the number of terms, animals or numbers), which a config entry overrides. Episode
-``seed`` picks the item, ``dataset_seed`` the dataset, so a held-out set is another ``dataset_seed``.
+``seed`` picks the item, ``dataset_seed`` the dataset.
+
+The held-out split: reasoning-gym makes item ``i`` of a dataset of seed ``s`` from ``random.Random(s + i)``,
+so the datasets of seeds 0 and 7 are the same items shifted by 7, and another ``dataset_seed`` is not held out.
+An item is therefore named by its generator seed ``s + i`` (``info["task_id"]``: ``chain_sum-12345``), and
+``split="eval"`` draws from generator seeds 2**31 and up, which no training dataset reaches (``dataset_seed`` is
+capped below ``2**31 - ITEMS``). Questions may still repeat across the splits where a task's space is small
+(chain_sum with two one-digit terms has 200): the items differ, the texts need not.
 
 The reward is `score_answer`'s value, partial credit included (some tasks give a fraction for a
 near answer); an episode passes at 1.0. A scorer that raises stops the episode as an error.
@@ -51,6 +58,10 @@ DIFFICULTY: dict[str, Callable[[int], dict[str, Any]]] = {
 }
 ONE_OPERATION = re.compile(r"\s*-?\d+\s*[-+*/]\s*-?\d+\s*")  # RG-Chain's calculator: two numbers, one operator
 ITEMS = 1_000_000  # items per dataset; an item is generated from (dataset_seed, index) when read
+# The eval split's generator seeds start here; a training dataset's items stay below it. Python's Random seeds an
+# int by its absolute value, so a negative dataset_seed would alias a positive one: it is refused.
+EVAL_SEEDS = 2**31
+MAX_SEED = EVAL_SEEDS - ITEMS  # the largest dataset_seed
 
 
 def _call(name: str, **arguments: Any) -> str:
@@ -90,10 +101,16 @@ class ReasoningGymEnv(AgentEnv):
     max_turns = 1
 
     def __init__(self, task: str = "chain_sum", difficulty: int | None = None, config: dict[str, Any] | None = None,
-                 dataset_seed: int = 0, max_turns: int | None = None):
+                 dataset_seed: int = 0, max_turns: int | None = None, split: str = "train"):
         super().__init__(max_turns=max_turns)
-        self.task, self.difficulty, self.dataset_seed = task, difficulty, dataset_seed
-        self.dataset = _dataset(task, difficulty, config, dataset_seed)
+        if split not in ("train", "eval"):
+            raise ValueError(f"RG: split must be 'train' or 'eval', got {split!r}")
+        if isinstance(dataset_seed, bool) or not isinstance(dataset_seed, int) or not 0 <= dataset_seed <= MAX_SEED:
+            raise ValueError(f"RG: dataset_seed must be an int in [0, {MAX_SEED}] (the eval split's items start at "
+                             f"generator seed {EVAL_SEEDS}), got {dataset_seed!r}")
+        self.task, self.difficulty, self.dataset_seed, self.split = task, difficulty, dataset_seed, split
+        self.first_seed = dataset_seed + (EVAL_SEEDS if split == "eval" else 0)  # item i: random.Random(first_seed + i)
+        self.dataset = _dataset(task, difficulty, config, self.first_seed)
         self.entry: dict[str, Any] = {}
         self.submitted: str | None = None
 
@@ -105,12 +122,17 @@ class ReasoningGymEnv(AgentEnv):
 
     tools = [answer]
 
+    def task_ids(self, limit: int | None = None) -> list[str]:
+        """The items of this env's split, named by generator seed, in order; the first `limit` (all: ITEMS)."""
+        n = ITEMS if limit is None else max(0, min(limit, ITEMS))
+        return [f"{self.task}-{self.first_seed + i}" for i in range(n)]
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         index = int(self.np_random.integers(ITEMS))
         self.entry = self.dataset[index]
         self.submitted = None
-        return self.entry["question"], {"task_id": f"{self.task}-{self.dataset_seed}-{index}"}
+        return self.entry["question"], {"task_id": f"{self.task}-{self.first_seed + index}"}
 
     def verify(self) -> float:
         return float(self.dataset.score_answer(self.submitted, self.entry))
@@ -195,11 +217,11 @@ class ReasoningGymChainEnv(ReasoningGymCalcEnv):
     system_prompt = ("Work out the sum one operation at a time: the calculator takes two numbers a call. "
                      "Then answer.")
 
-    def __init__(self, difficulty: int = 3, slack: int = 1, dataset_seed: int = 0):
+    def __init__(self, difficulty: int = 3, slack: int = 1, dataset_seed: int = 0, split: str = "train"):
         if difficulty < 2 or slack < 0:
             raise ValueError(f"RG-Chain: need difficulty >= 2 and slack >= 0, got {difficulty} and {slack}")
         super().__init__(task="chain_sum", difficulty=difficulty, dataset_seed=dataset_seed,
-                         max_turns=difficulty + slack)
+                         max_turns=difficulty + slack, split=split)
         self.slack = slack
 
     def calculator(self, expression: str) -> str:

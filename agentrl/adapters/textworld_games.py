@@ -6,7 +6,9 @@ engine behind ``tw-make custom``), with ``quest_length`` actions in its quest, `
 ``objects`` objects, and compiled to a Z-machine file by TextWorld's Inform 7. Compiling takes seconds,
 so each game is kept under the agentrl cache folder (``$AGENTRL_CACHE``, default ``~/.cache/agentrl``,
 the warm starts' folder) in ``textworld/`` and made once per machine. The pool is ``games`` games; an
-episode's seed picks one, so a held-out pool is another ``pool_seed``.
+episode's seed picks one. Game ``i`` of pool ``pool_seed`` is made from generator seed ``1000 * pool_seed + i``
+(at most 1000 games a pool, so pools never share a seed); ``split="eval"`` adds 2**31, so a held-out pool's seeds
+are a range no training pool reaches. ``info["task_id"]`` names the game by its file (``q2-r3-o5-s1``).
 
 The policy acts with one tool, ``command("open the chest")``; the observation is the game's own text.
 The expert is the game's walkthrough from where the player stands (TextWorld's ``policy_commands``,
@@ -33,6 +35,11 @@ INSTALL_HINT = "TextWorld games need the textworld package: pip install 'agentrl
 # TextWorld parses a game's logic with one module-level parser whose state is not per call: two envs making or
 # loading a game at once (the default thread pool) corrupt it. Both are serialised; steps run concurrently.
 _LOADING = threading.Lock()
+POOL_GAMES = 1000  # a pool's seeds are 1000 * pool_seed + 0..999
+# The eval split's generator seeds start here, the training pools' stay below; TextWorld seeds its generator with
+# numpy's RandomState, which takes seeds below 2**32, so both ranges fit.
+EVAL_SEEDS = 2**31
+MAX_POOL_SEED = EVAL_SEEDS // POOL_GAMES - 1
 
 
 def cache_folder() -> Path:
@@ -49,11 +56,16 @@ def _textworld() -> Any:
     return textworld
 
 
+def game_name(quest_length: int, rooms: int, objects: int, seed: int) -> str:
+    """A game's name: its cache file's stem and its ``task_id`` (``q2-r3-o5-s1``)."""
+    return f"q{quest_length}-r{rooms}-o{objects}-s{seed}"
+
+
 def make_game_file(quest_length: int, rooms: int, objects: int, seed: int) -> Path:
     """The compiled game for these settings, generated and compiled the first time only. A game is
     built in a private temporary folder and moved into the cache in one step, so two processes that
     make the same game at once never read a half-written file."""
-    path = cache_folder() / f"q{quest_length}-r{rooms}-o{objects}-s{seed}.z8"
+    path = cache_folder() / f"{game_name(quest_length, rooms, objects, seed)}.z8"
     if path.exists() and path.with_suffix(".json").exists():
         return path
     tw = _textworld()
@@ -87,17 +99,23 @@ class TextWorldEnv(AgentEnv):
     system_prompt = "Play the text adventure with the command tool; do what the objective says."
 
     def __init__(self, quest_length: int = 2, rooms: int = 3, objects: int = 5, games: int = 4, pool_seed: int = 0,
-                 slack: int = 4, partial_credit: bool = False):
+                 slack: int = 4, partial_credit: bool = False, split: str = "train"):
         if not 1 <= quest_length <= 20:
             raise ValueError(f"TextWorld: quest_length must be between 1 and 20, got {quest_length}")
         if not 1 <= rooms <= 20 or not 0 <= objects <= 40:
             raise ValueError(f"TextWorld: rooms must be 1-20 and objects 0-40, got rooms={rooms} objects={objects}")
-        if games < 1 or slack < 0:
-            raise ValueError(f"TextWorld: games must be >= 1 and slack >= 0, got games={games} slack={slack}")
+        if not 1 <= games <= POOL_GAMES or slack < 0:
+            raise ValueError(f"TextWorld: games must be 1-{POOL_GAMES} and slack >= 0, got games={games} slack={slack}")
+        if isinstance(pool_seed, bool) or not isinstance(pool_seed, int) or not 0 <= pool_seed <= MAX_POOL_SEED:
+            raise ValueError(f"TextWorld: pool_seed must be an int in [0, {MAX_POOL_SEED}], got {pool_seed!r}")
+        if split not in ("train", "eval"):
+            raise ValueError(f"TextWorld: split must be 'train' or 'eval', got {split!r}")
         # the walkthrough of a generated quest is quest_length commands; slack leaves room for mistakes
         super().__init__(max_turns=quest_length + slack)
         self.quest_length, self.rooms, self.objects = quest_length, rooms, objects
         self.games, self.pool_seed, self.slack, self.partial_credit = games, pool_seed, slack, partial_credit
+        self.split = split
+        self.first_seed = POOL_GAMES * pool_seed + (EVAL_SEEDS if split == "eval" else 0)  # game i: first_seed + i
         self.tw = _textworld()
         self.infos = self.tw.EnvInfos(policy_commands=True, won=True, lost=True, score=True, max_score=True,
                                       facts=True, objective=True, location=True)
@@ -108,7 +126,7 @@ class TextWorldEnv(AgentEnv):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         index = int(self.np_random.integers(self.games))
-        game_file = make_game_file(self.quest_length, self.rooms, self.objects, 1000 * self.pool_seed + index)
+        game_file = make_game_file(self.quest_length, self.rooms, self.objects, self.first_seed + index)
         with _LOADING:  # reset (re)loads the game file: the parse happens here, not in start
             if game_file != self.game_file:
                 if self.game is not None:
@@ -120,6 +138,12 @@ class TextWorldEnv(AgentEnv):
             self.state = self.game.reset()
         self._walkthrough_length = len(self.state["policy_commands"])
         return _readable(self.state.feedback), {"task_id": game_file.stem, "state_key": self.state_key()}
+
+    def task_ids(self, limit: int | None = None) -> list[str]:
+        """The games of this env's pool, named as ``info["task_id"]`` names them, in order; the first `limit`.
+        Named from the settings alone: no game is made."""
+        return [game_name(self.quest_length, self.rooms, self.objects, self.first_seed + i)
+                for i in range(self.games)][:limit]
 
     def command(self, text: str) -> str:
         """Send one command to the game, e.g. "go east", "open chest", "take key", "look", "inventory"."""

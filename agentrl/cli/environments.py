@@ -26,8 +26,8 @@ class CheckEnvCommand(Strict):
 def cmd_check_env(argv: Sequence[str]) -> int:
     cmd = _parse(CheckEnvCommand, argv, "agentrl check-env", "Runs agentrl.checker's checks (reset/step types, "
                  "malformed calls become observations, the turn budget truncates, the same seed and actions give the "
-                 "same episode, copies played in threads at once give the episodes each plays alone, ...). Exit "
-                 "status 1 if any fails.")
+                 "same episode, copies played in threads at once give the episodes each plays alone, a declared "
+                 "split's train and eval tasks do not overlap, ...). Exit status 1 if any fails.")
     from rich.table import Table
 
     from agentrl.checker import check_env

@@ -201,7 +201,7 @@ def parse_train(argv: Sequence[str], prog: str, description: str, extra: type[St
     return cfg, flags, auto
 
 
-def _check_env(env_id: str, kwargs: dict[str, Any]) -> None:
+def _check_env(env_id: str, kwargs: dict[str, Any], what: str = "environment") -> None:
     """Build the environment once, so that a bad id or argument fails before any other work."""
     from agentrl.registry import make
     from agentrl.verify.sandbox import SandboxError
@@ -209,7 +209,17 @@ def _check_env(env_id: str, kwargs: dict[str, Any]) -> None:
     try:
         make(env_id, **kwargs)
     except (ValueError, TypeError, ImportError, AttributeError, SandboxError) as e:
-        raise UsageError(f"environment {env_id}: {e}") from None
+        raise UsageError(f"{what} {env_id}: {e}") from None
+
+
+def _check_heldout_env(env_id: str, kwargs: dict[str, Any]) -> None:
+    """Build the held-out evaluation's env (split="eval" where the env declares a split), so that arguments its
+    held-out split cannot take (a BFCL subset that lists training entries) fail now, not after the warm start."""
+    from agentrl.evaluation import heldout_kwargs
+
+    held_out = heldout_kwargs(env_id, kwargs)
+    if held_out != kwargs:
+        _check_env(env_id, held_out, f"the held-out evaluation's environment ({held_out})")
 
 
 def _check_agent(cfg: TrainConfig) -> None:

@@ -21,6 +21,7 @@ from agentrl.cli.flags import (
     _check_env,
     _check_eval_sources,
     _check_expert,
+    _check_heldout_env,
     _check_teacher,
     _console,
     _parse,
@@ -105,6 +106,7 @@ def cmd_train(argv: Sequence[str]) -> int:
         _check_agent(cfg)
     else:
         _check_env(cfg.env.id, cfg.env.kwargs)
+        _check_heldout_env(cfg.env.id, cfg.env.kwargs)
         if cfg.model is None and cfg.sft.warm_start is None:
             _check_expert(cfg.env.id, cfg.env.kwargs)
     _check_device(cfg.device)

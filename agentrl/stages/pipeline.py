@@ -58,10 +58,16 @@ def train(cfg: TrainConfig, monitor: Monitor | None = None, decisions: dict[str,
     """Stage one where it is needed (the tiny policy's SFT warm start, cached), then the RL loop
     (`resume` / `overwrite`: see `agentrl.trainer.Trainer`). Returns the run's summary."""
     from agentrl.eval_sources import resolve_sources
-    from agentrl.evaluation import resolve_device
+    from agentrl.evaluation import heldout_env_kwargs, resolve_device
     from agentrl.trainer import Trainer
 
     resolve_sources(cfg)  # a bad evaluation source fails here, not after the warm start (the trainer resolves them)
+    if cfg.agent is None:  # and so does a held-out split the env's arguments cannot hold (a BFCL subset of train ids)
+        kwargs = heldout_env_kwargs(cfg)
+        try:
+            make(cfg.env.id, **kwargs).close()
+        except Exception as e:
+            raise ValueError(f"the held-out evaluation's env {cfg.env.id} ({kwargs}): {e}") from None
     start = None
     decisions = dict(decisions or {})
     if cfg.model is None:

@@ -27,10 +27,11 @@ def play(env, seed, actor):
             return reward, terminated, truncated, info
 
 
-def test_expert_scores_one_on_bfcls_checker_for_a_slice_of_base():
-    env = BFCLEnv(category="base", subset="0-25")
+@pytest.mark.parametrize("split, entries", [("train", 20), ("eval", 5)])  # 0-24: 3, 8, 13, 18, 23 held out
+def test_expert_scores_one_on_bfcls_checker_for_a_slice_of_base(split, entries):
+    env = BFCLEnv(category="base", subset="0-25", split=split)
     scores = [play(env, seed, lambda e: e.expert_action())[0] for seed in range(len(env.entries))]
-    assert scores == [1.0] * 25, [env.entries[i].id for i, s in enumerate(scores) if s != 1.0]
+    assert scores == [1.0] * entries, [env.entries[i].id for i, s in enumerate(scores) if s != 1.0]
 
 
 @pytest.mark.parametrize("category", ["miss_func", "miss_param", "long_context"])
@@ -94,7 +95,8 @@ def test_hostile_calls_are_observations_not_crashes():
 
 
 def test_values_go_to_the_api_as_written_as_bfcl_passes_them():
-    env = BFCLEnv(subset=["multi_turn_base_173"])  # its ground truth: close_ticket(ticket_id='ticket_001')
+    # its ground truth: close_ticket(ticket_id='ticket_001'); 173 is held out, so it is played in the eval split
+    env = BFCLEnv(subset=["multi_turn_base_173"], split="eval")
     assert play(env, 0, lambda e: e.expert_action())[0] == 1.0
 
 
@@ -160,8 +162,8 @@ def test_pickled_mid_episode_plays_on_alike():
 def test_subset_and_category_knobs():
     assert len(BFCLEnv(subset=5).entries) == 5
     assert [e.id for e in BFCLEnv(subset="10-12").entries] == ["multi_turn_base_10", "multi_turn_base_11"]
-    assert [e.id for e in BFCLEnv(subset=["multi_turn_base_7", 3]).entries] == ["multi_turn_base_7",
-                                                                                 "multi_turn_base_3"]
+    assert [e.id for e in BFCLEnv(subset=["multi_turn_base_7", 4]).entries] == ["multi_turn_base_7",
+                                                                                 "multi_turn_base_4"]
     assert len(load_category("miss_param")) == 200
     for bad in [0, 201, "5-5", "multi_turn_nope", [500], True]:
         with pytest.raises(ValueError):
@@ -177,3 +179,48 @@ def test_path_functions_are_a_smaller_prompt_the_expert_still_solves():
     env.reset(seed=0)
     assert len(env.tool_schemas()) < len(BFCLEnv(subset=3).tool_schemas())
     assert [play(env, s, lambda e: e.expert_action())[0] for s in range(3)] == [1.0] * 3
+
+
+def test_every_fifth_scenario_is_held_out_in_every_category():
+    # by hand: entry N is held out when N % 5 == 3, so of 0..12 the eval split holds 3 and 8 (and 13 is the next)
+    assert BFCLEnv(split="eval").task_ids(limit=3) == ["multi_turn_base_3", "multi_turn_base_8", "multi_turn_base_13"]
+    assert BFCLEnv().task_ids(limit=5) == ["multi_turn_base_0", "multi_turn_base_1", "multi_turn_base_2",
+                                           "multi_turn_base_4", "multi_turn_base_5"]
+    for category in ("base", "miss_func", "miss_param", "long_context"):
+        train, held = BFCLEnv(category=category).task_ids(), BFCLEnv(category=category, split="eval").task_ids()
+        assert (len(train), len(held)) == (160, 40) and not set(train) & set(held)
+        assert sorted(train + held) == sorted(e.id for e in load_category(category))
+        # entry N of every category is one scenario: the same numbers are held out in each
+        assert [int(i.rsplit("_", 1)[1]) for i in held] == list(range(3, 200, 5))
+
+
+def test_an_eval_split_never_plays_a_train_entry():
+    train = set(BFCLEnv().task_ids())
+    env = BFCLEnv(split="eval")
+    played = {env.reset(seed=seed)[1]["task_id"] for seed in range(200)}
+    assert played == set(env.task_ids()) and not played & train  # seed % 40: every held-out entry, five times
+
+
+def test_subset_works_within_the_split_and_refuses_the_other_splits_entries():
+    assert BFCLEnv(subset=4, split="eval").task_ids() == [f"multi_turn_base_{n}" for n in (3, 8, 13, 18)]
+    assert BFCLEnv(subset="150-160", split="eval").task_ids() == ["multi_turn_base_153", "multi_turn_base_158"]
+    with pytest.raises(ValueError, match=r"subset item 3 \(multi_turn_base_3\) is in the eval split, not 'train'"):
+        BFCLEnv(subset=[3])
+    with pytest.raises(ValueError, match="holds no entry of the train split"):
+        BFCLEnv(subset="3-4")
+    with pytest.raises(ValueError, match="between 1 and the eval split's 40 entries"):
+        BFCLEnv(subset=41, split="eval")
+    with pytest.raises(ValueError, match="split must be 'train' or 'eval'"):
+        BFCLEnv(split="test")
+
+
+def test_check_env_checks_the_split_and_heldout_kwargs_picks_the_eval_one():
+    from agentrl.evaluation import heldout_kwargs
+
+    result = next(r for r in check_env("agentrl/BFCL-v0") if r.name == "split")
+    assert result.ok and result.message.startswith("160 train and 40 eval tasks, none shared"), result.message
+    assert heldout_kwargs("agentrl/BFCL-v0", {"subset": 3}) == {"subset": 3, "split": "eval"}
+    assert heldout_kwargs("agentrl/BFCL-v0", {"split": "train"}) == {"split": "train"}  # named: kept
+    # a list of train entries has no eval counterpart: the check says so, as held-out evaluation would fail
+    result = next(r for r in check_env("agentrl/BFCL-v0", subset=[0, 1]) if r.name == "split")
+    assert not result.ok and "multi_turn_base_0" in result.message and "in the train split" in result.message

@@ -69,11 +69,68 @@ def test_config_overrides_the_knob_and_bad_ones_fail_clearly():
         ReasoningGymEnv(task="n_queens", difficulty=3)
 
 
-def test_another_dataset_seed_is_a_held_out_set():
-    train = [ReasoningGymEnv(task="products", difficulty=2).reset(seed=s)[0] for s in range(10)]
-    held_out = [ReasoningGymEnv(task="products", difficulty=2, dataset_seed=1).reset(seed=s)[0] for s in range(10)]
-    assert train != held_out
-    assert train == [ReasoningGymEnv(task="products", difficulty=2).reset(seed=s)[0] for s in range(10)]
+def test_another_dataset_seed_is_the_same_items_shifted_so_the_split_goes_by_generator_seed():
+    # reasoning-gym makes item i of the dataset of seed s from random.Random(s + i): seed 1's item 0 is seed 0's item 1
+    shifted = ReasoningGymEnv(task="products", difficulty=2, dataset_seed=1).dataset
+    base = ReasoningGymEnv(task="products", difficulty=2).dataset
+    assert [shifted[i]["question"] for i in range(5)] == [base[i + 1]["question"] for i in range(5)]
+    # so the items are named by generator seed, and the eval split's start at 2**31 = 2147483648, by hand
+    assert ReasoningGymEnv(dataset_seed=5).task_ids(limit=2) == ["chain_sum-5", "chain_sum-6"]
+    assert ReasoningGymEnv(dataset_seed=5, split="eval").task_ids(limit=2) == ["chain_sum-2147483653",
+                                                                               "chain_sum-2147483654"]
+
+
+@pytest.mark.parametrize("cls, kwargs", [
+    ("ReasoningGymEnv", {"task": "products", "difficulty": 2}),
+    ("ReasoningGymCalcEnv", {"task": "chain_sum", "difficulty": 3, "dataset_seed": 7}),
+    ("ReasoningGymChainEnv", {"difficulty": 3}),
+])
+def test_an_eval_split_never_serves_a_train_item(cls, kwargs):
+    from agentrl.adapters import reasoning_gym_tasks as rg
+
+    train, held = getattr(rg, cls)(**kwargs), getattr(rg, cls)(**kwargs, split="eval")
+    top = kwargs.get("dataset_seed", 0) + 1_000_000  # the training dataset's last generator seed, plus one
+    for seed in range(200):
+        _, info = held.reset(seed=seed)
+        _, train_info = train.reset(seed=seed)
+        generator_seed = int(info["task_id"].rsplit("-", 1)[1])
+        assert generator_seed >= 2**31 and int(train_info["task_id"].rsplit("-", 1)[1]) < top
+        # the item served is the one its id names
+        index = generator_seed - 2**31 - kwargs.get("dataset_seed", 0)
+        assert held.entry["question"] == held.dataset[index]["question"]
+
+
+def test_split_check_passes_and_reports_texts_a_small_task_space_repeats():
+    from agentrl.checker import check_splits_disjoint
+
+    note = check_splits_disjoint(ReasoningGymEnv(task="chain_sum", difficulty=3),
+                                 ReasoningGymEnv(task="chain_sum", difficulty=3, split="eval"))
+    assert note.startswith("1,000,000 train and 1,000,000 eval tasks, none shared"), note
+    # two one-digit terms: 10 x 10 x 2 = 200 questions, so 64 items of each split share some texts, not ids
+    note = check_splits_disjoint(ReasoningGymEnv(task="chain_sum", difficulty=2),
+                                 ReasoningGymEnv(task="chain_sum", difficulty=2, split="eval"), seeds=64)
+    assert "none shared" in note and "open episodes of both splits" in note, note
+
+
+def test_split_arguments_are_checked_and_heldout_kwargs_picks_the_eval_split():
+    from agentrl.evaluation import heldout_kwargs
+
+    for bad, match in [({"split": "test"}, "split must be 'train' or 'eval'"),
+                       ({"dataset_seed": -1}, r"dataset_seed must be an int in \[0, 2146483648\]"),
+                       ({"dataset_seed": 2**31}, "the eval split's items start at generator seed 2147483648")]:
+        with pytest.raises(ValueError, match=match):
+            ReasoningGymEnv(**bad)
+    for env_id in ("agentrl/RG-v0", "agentrl/RG-Calc-v0", "agentrl/RG-Chain-v0"):
+        assert heldout_kwargs(env_id, {})["split"] == "eval"
+
+
+def test_cli_check_env_says_the_split_is_checked(capsys, monkeypatch):
+    from agentrl.cli import main
+
+    monkeypatch.setenv("COLUMNS", "300")  # the table on one line a row, so the note reads whole
+    assert main(["check-env", "agentrl/RG-v0", "--kw", "difficulty=2"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "split" in out and "1,000,000 train and 1,000,000 eval tasks, none shared" in out
 
 
 def test_multi_turn_expert_checks_on_the_calculator_where_the_item_has_an_expression():

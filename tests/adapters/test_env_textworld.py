@@ -106,3 +106,35 @@ def test_a_pickled_copy_plays_its_own_game():
     copy = pickle.loads(pickle.dumps(env))
     assert copy.game is None and copy.tw is env.tw
     assert play(copy, seed=3) == first
+
+
+def test_the_eval_splits_games_come_from_generator_seeds_no_training_pool_reaches(monkeypatch):
+    # by hand: game i of pool p is seed 1000 p + i; the eval split adds 2**31 = 2147483648. Named, not made:
+    from agentrl.adapters import textworld_games
+
+    monkeypatch.setattr(textworld_games, "make_game_file", lambda *a: pytest.fail("task_ids() made a game"))
+    assert TextWorldEnv(quest_length=1, games=2).task_ids() == ["q1-r3-o5-s0", "q1-r3-o5-s1"]
+    assert TextWorldEnv(quest_length=1, games=2, pool_seed=3).task_ids() == ["q1-r3-o5-s3000", "q1-r3-o5-s3001"]
+    assert TextWorldEnv(quest_length=1, games=2, split="eval").task_ids() == ["q1-r3-o5-s2147483648",
+                                                                               "q1-r3-o5-s2147483649"]
+    largest = TextWorldEnv(quest_length=1, games=1000, pool_seed=2147482).task_ids()[-1]
+    assert largest == "q1-r3-o5-s2147482999"  # the last training seed, below 2**31
+
+
+def test_an_eval_split_plays_only_its_own_games():
+    env = TextWorldEnv(quest_length=1, games=1, split="eval")  # one game: the smallest pool to generate
+    train = set(TextWorldEnv(quest_length=1, games=4).task_ids())
+    played = {env.reset(seed=seed)[1]["task_id"] for seed in range(20)}
+    assert played == {"q1-r3-o5-s2147483648"} and not played & train
+    assert (cache_folder() / "q1-r3-o5-s2147483648.z8").exists()
+
+
+def test_split_arguments_are_checked_and_heldout_kwargs_picks_the_eval_split():
+    from agentrl.evaluation import heldout_kwargs
+
+    for bad, match in [({"split": "test"}, "split must be 'train' or 'eval'"),
+                       ({"games": 1001}, "games must be 1-1000"),
+                       ({"pool_seed": -1}, r"pool_seed must be an int in \[0, 2147482\]")]:
+        with pytest.raises(ValueError, match=match):
+            TextWorldEnv(**bad)
+    assert heldout_kwargs("agentrl/TextWorld-v0", {"games": 2}) == {"games": 2, "split": "eval"}
