@@ -198,6 +198,8 @@ def build_parser() -> Any:
     ap.add_argument("--cost-episodes", type=int, default=8, help="episodes of the 16- and 128-turn bounded-cost "
                     "measurement")
     ap.add_argument("--out", default="runs/context")
+    ap.add_argument("--save", default=None, help="write the JSON here instead of benchmarks/results/context.json "
+                    "(more seeds of some arms, kept beside the main run)")
     ap.add_argument("--from-json", metavar="CONTEXT_JSON", help="only recompute a finished run's derived figures "
                     "(best other arm, ratio, trained over masked), its table and its report")
     return ap
@@ -310,7 +312,7 @@ def finish(results: dict[str, Any], args: Any) -> None:
                     "best_other": best, "trained_over_masked": results["trained_over_masked"],
                     "peak_kv_128_over_16": results.get("bounded_cost", {}).get("peak_ratio_128_over_16"),
                     "ratio": results["ratio"]}
-    report("context", results, quick=results["args"]["quick"], summary=summary_line)
+    report("context", results, quick=results["args"]["quick"], summary=summary_line, path=results["args"].get("save"))
 
 
 def write_table(results: dict[str, Any]) -> str:
