@@ -1,7 +1,8 @@
 """Context policies on a task that needs memory across the cut: VaultMemory-v0 at a context budget of about a
 quarter of the expert's episode, every policy from one warm start, trained with grpo over several seeds.
 
-    python benchmarks/context.py                    # 5 arms x 3 seeds (about 40 minutes on 2 loaded cores)
+    python benchmarks/context.py                    # 5 arms x 3 seeds x 30 updates: a 13-minute warm start (cached),
+                                                    # then 17 minutes on 2 cores
     python benchmarks/context.py --quick            # 5 arms x 1 seed, a few episodes (a smoke run of the path)
     python benchmarks/context.py --arms summarize window --seeds 0 --updates 2   # one comparison, small
 
