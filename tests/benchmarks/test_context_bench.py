@@ -39,7 +39,7 @@ def test_quarters_are_the_means_of_the_first_and_last_quarter_of_a_run():
 def test_the_derived_figures_of_a_finished_run(tmp_path, monkeypatch, capsys):
     """Hand-made arms: summarize 0.9, masked 0.6, window 0.3, truncate 0.0 -> best other window, ratio 0.9 / 0.3 = 3,
     trained over masked 0.9 / 0.6 = 1.5; with every other arm at 0 the ratio is None, not a division by zero."""
-    monkeypatch.setattr(bench, "report", lambda name, results, quick, summary: print(summary))
+    monkeypatch.setattr(bench, "report", lambda name, results, quick, summary, path=None: print(summary))
 
     def run(means):
         before = {"pass_rate": 0.5, "compactions_per_episode": 1.0, "peak_kv_cache_mb": 1.0,
