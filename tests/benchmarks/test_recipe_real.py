@@ -105,6 +105,7 @@ def test_ratio_is_none_when_sft_scores_zero_everywhere(monkeypatch):
     runs = [bench.run_record(bench.config(args, "rg-chain", "sft", 0), [stage("sft", 0.0, 1.0)]),
             bench.run_record(bench.config(args, "rg-chain", "sft+dpo+rl", 0),
                              [stage("sft", 0.0, 1.0), {"stage": "dpo (skipped: no pairs)", "skipped": True,
-                                                       "seconds": 2.0}, stage("rl (grpo)", 0.5, 3.0)])]
+                                                       "seconds": 2.0},
+                              stage("rl (grpo)", 0.5, 3.0, entropy=[None], kl=[None], alarms={})])]
     assert bench.summarize(runs)[1] is None
     assert runs[1]["dpo_skipped"] and runs[1]["pass_at_1"]["dpo"] == 0.0  # the SFT model, unchanged
