@@ -65,6 +65,14 @@ run that needs them. The defaults keep every run well under three hours on 2 cor
 
     nice -n 19 python benchmarks/recipe_real.py --quick     # JSON to results/recipe_real_quick.json
 
+`--quick` (the tiny policy, seed 0, 32 demonstrations x 1 epoch, 8 episodes after SFT, 4 held out) ran every arm
+of both families in 265 s at load ~4 (recipe_real_quick.json, not committed: results/*_quick.json are ignored).
+It proves the path, not the stages' insides: the tiny policy scored 0 everywhere, so DPO found no pairs (the row
+says "skipped: no pairs") and every RL update had all-zero advantages (entropy and KL None: no gradient step).
+A sizing measurement on SmolLM2 (the untouched model's held-out evaluation of 8 BFCL eval tasks) did not finish
+in 900 s under `nice -n 19` while another benchmark held both cores (the process got ~8% of a CPU): measured
+under load, it bounds nothing about a quiet machine, and the plan's rates stay decode_bound.json's.
+
 Last line: one JSON object with `ratio` (the whole result is in the JSON file).
 """
 
