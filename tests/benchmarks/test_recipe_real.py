@@ -1,0 +1,111 @@
+"""benchmarks/recipe_real.py builds a valid run for every (family, arm), at its full and its quick size, without
+running one; and its JSON writer turns hand-made runs into the schema the issue asks for."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import recipe_real as bench  # noqa: E402
+
+
+def args_for(argv: list[str]):
+    return bench.sized(bench.build_parser().parse_args(argv))
+
+
+@pytest.mark.parametrize("argv", [[], ["--quick"]], ids=["full", "quick"])
+def test_every_run_is_a_valid_config_at_its_size(argv):
+    args = args_for(argv)
+    quick = bool(argv)
+    assert args.seeds == ([0] if quick else [0, 1, 2])
+    for family, fam in bench.FAMILIES.items():
+        arms = bench.arms_of(family)
+        assert ("sft+dpo+rl:turn-ppo" in arms) == fam.longer  # the turn-level arm on the longer family only
+        for arm in arms:
+            rc = bench.config(args, family, arm, seed=2)
+            assert rc.sft.env.id == fam.env_id and rc.sft.seed == 2 and rc.sft.updates == 0
+            assert rc.sft.model == (None if quick else "smollm2-135m-instruct")
+            assert rc.sft.sft.episodes == (32 if quick else fam.sft_episodes)
+            assert rc.sft.rollout.sampling.max_new_tokens == (48 if quick else 160)
+            assert rc.sft.eval.episodes == (4 if quick else 24) and rc.sft.eval.every == 0
+            budget = 8 if quick else fam.budget
+            if arm == "sft":
+                assert rc.rl is None and rc.dpo is None
+                continue
+            # every RL arm samples the whole budget after SFT: DPO's rollouts plus RL's
+            assert rc.dpo_episodes + rc.rl_episodes == budget
+            assert rc.rl.updates * rc.rl.rollout.groups * rc.rl.rollout.group_size == rc.rl_episodes
+            assert rc.rl.algo == ("turn-ppo" if arm.endswith(":turn-ppo") else "grpo")
+            assert (rc.dpo is not None) == ("+dpo+" in arm)
+            if rc.dpo is not None:
+                assert rc.dpo.loss == "dpo" and rc.dpo.groups * rc.dpo.group_size == rc.dpo_episodes
+            if not quick:  # PRETRAINED's RL settings where the benchmark sets none: LoRA r16 at 5e-5
+                assert (rc.rl.optim.lora.r, rc.rl.optim.lr) == (16, 5e-5)
+
+
+def test_turn_ppo_and_grpo_get_the_same_budget():
+    args = args_for([])
+    grpo = bench.config(args, "bfcl", "sft+dpo+rl", seed=0)
+    turn = bench.config(args, "bfcl", "sft+dpo+rl:turn-ppo", seed=0)
+    assert (grpo.rl.updates, grpo.rl.rollout.groups, grpo.rl.rollout.group_size) == \
+        (turn.rl.updates, turn.rl.rollout.groups, turn.rl.rollout.group_size)
+    assert grpo.dpo == turn.dpo  # one DPO model per seed, shared
+
+
+def test_full_default_budget_split_by_hand():
+    # bfcl: 48 episodes, 8 an update; a quarter is 12, rounded down to whole updates: 8 for DPO, 5 updates of RL
+    rc = bench.config(args_for([]), "bfcl", "sft+dpo+rl", seed=0)
+    assert (rc.dpo_episodes, rc.rl.updates) == (8, 5)
+    rc = bench.config(args_for([]), "rg-chain", "sft+rl", seed=0)
+    assert (rc.dpo_episodes, rc.rl.updates) == (0, 8)
+
+
+def stage(name, p, seconds, episodes=4, **extra):
+    return {"stage": name, "pass_at_1": p, "episodes": episodes, "seconds": seconds, **extra}
+
+
+def test_the_json_writer_on_hand_made_runs(tmp_path, monkeypatch):
+    args = args_for(["--quick"])
+    monkeypatch.setattr(bench, "pool_size", lambda family, split: {"train": 160, "eval": 40}[split])
+    rl_stage = {**stage("rl (grpo)", 0.75, 30.0), "entropy": [1.2, None], "kl": [0.01, None],
+                "alarms": {"entropy_collapse": "entropy_collapse: entropy fell"}}
+    runs = []
+    for seed, (sft_p, final) in enumerate([(0.25, 0.75), (0.5, 1.0)]):
+        sft = bench.config(args, "bfcl", "sft", seed)
+        runs.append(bench.run_record(sft, [stage("sft", sft_p, 10.0)]))
+        full = bench.config(args, "bfcl", "sft+dpo+rl", seed)
+        runs.append(bench.run_record(full, [stage("sft", sft_p, 10.0), stage("dpo", 0.5, 5.0, pairs=2),
+                                            {**rl_stage, "pass_at_1": final}]))
+    res = bench.result(args, runs, planned=None)
+    out = bench.save("recipe_real", res, path=tmp_path / "r.json")
+    data = json.loads(out.read_text())
+    assert data["model"] and set(data["families"]) == {"bfcl", "rg-chain"}
+    row = data["runs"][1]
+    assert {"family", "arm", "seed", "heldout_tasks", "train_tasks", "scorer", "pass_at_1", "seconds",
+            "alarms"} <= set(row)
+    assert row["arm"] == "sft+dpo+rl" and row["heldout_tasks"] == 4 and row["train_tasks"] == 160
+    assert row["pass_at_1"] == {"sft": 0.25, "dpo": 0.5, "rl": 0.75}
+    assert row["seconds"] == {"sft": 10.0, "dpo": 5.0, "rl": 30.0, "total": 45.0}
+    assert row["entropy"] == [1.2, None] and list(row["alarms"]) == ["entropy_collapse"]
+    # per (family, arm) over the two seeds: the final pass@1s 0.75 and 1.0 -> mean 0.875, stderr
+    # stdev(0.75, 1.0) / sqrt 2 = 0.1768 / 1.4142 = 0.125
+    assert data["summary"]["bfcl/sft+dpo+rl"]["final"] == {"mean": 0.875, "stderr": 0.125, "n": 2}
+    # ratio: sft+dpo+rl's mean final (0.875) over sft's (0.25 and 0.5 -> 0.375)
+    assert data["ratio"] == round(0.875 / 0.375, 3)
+
+
+def test_ratio_is_none_when_sft_scores_zero_everywhere(monkeypatch):
+    args = args_for(["--quick"])
+    monkeypatch.setattr(bench, "pool_size", lambda family, split: 8)
+    runs = [bench.run_record(bench.config(args, "rg-chain", "sft", 0), [stage("sft", 0.0, 1.0)]),
+            bench.run_record(bench.config(args, "rg-chain", "sft+dpo+rl", 0),
+                             [stage("sft", 0.0, 1.0), {"stage": "dpo (skipped: no pairs)", "skipped": True,
+                                                       "seconds": 2.0},
+                              stage("rl (grpo)", 0.5, 3.0, entropy=[None], kl=[None], alarms={})])]
+    assert bench.summarize(runs)[1] is None
+    assert runs[1]["dpo_skipped"] and runs[1]["pass_at_1"]["dpo"] == 0.0  # the SFT model, unchanged
