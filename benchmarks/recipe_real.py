@@ -144,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-base", action="store_true", help="skip the untouched model's held-out evaluation")
     ap.add_argument("--out", default="runs/recipe-real", help="run folders (SFT and DPO models cached here)")
     ap.add_argument("--json", default=None, help="result file (default results/recipe_real[_quick].json)")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", default=None,
+                    help="run nothing: combine the runs of these result files (slices run apart, e.g. one family or "
+                         "seed at a time) into one result, a later file's (family, arm, seed) replacing an earlier's")
     return ap
 
 
@@ -501,19 +504,65 @@ def summarize(runs: list[dict[str, Any]]) -> tuple[dict[str, Any], float | None]
     return summary, (round(full / sft, 3) if sft > 0 else None)
 
 
+def rise(runs: list[dict[str, Any]], family: str, arm: str = "sft+dpo+rl") -> dict[str, Any] | None:
+    """Does `arm`'s final held-out pass@1 rise from the untouched model's (step 0) beyond the seeds' spread?
+    Beyond the spread: every seed ends above step 0, and the mean's rise is more than twice its standard error
+    over seeds. None where the family has no such run or no step-0 evaluation."""
+    rows = [r for r in runs if r["family"] == family and r["arm"] == arm and "base" in r["pass_at_1"]]
+    if not rows:
+        return None
+    base = rows[0]["pass_at_1"]["base"]  # one untouched model, evaluated once per family
+    finals = [r["final_pass_at_1"] for r in rows]
+    stats = mean_se(finals)
+    se = stats["stderr"]
+    return {"arm": arm, "step0": base, "final": stats, "seeds": sorted(r["seed"] for r in rows),
+            "every_seed_above": all(f > base for f in finals),
+            "beyond_spread": bool(len(rows) > 1 and all(f > base for f in finals)
+                                  and stats["mean"] - base > 2 * (se or 0.0))}
+
+
 def result(args: argparse.Namespace, runs: list[dict[str, Any]], planned: dict[str, Any] | None) -> dict[str, Any]:
     summary, ratio = summarize(runs)
+    families = args.families
     return {"model": args.model or "the tiny policy (--quick)", "quick": bool(getattr(args, "quick", False)),
             "families": {f: {"env": FAMILIES[f].env_id, "kwargs": FAMILIES[f].kwargs, "scorer": FAMILIES[f].scorer,
-                             "turn_level_arm": FAMILIES[f].longer} for f in args.families},
+                             "turn_level_arm": FAMILIES[f].longer} for f in families},
             "baseline": "the sft arm's held-out pass@1, same seeds and tasks, same run",
-            "ratio": ratio, "budget_episodes": {f: args.budget or FAMILIES[f].budget for f in args.families},
-            "eval_episodes": args.eval_episodes,
+            "ratio": ratio, "budget_episodes": {f: args.budget or FAMILIES[f].budget for f in families},
+            "eval_episodes": args.eval_episodes, "rise": {f: rise(runs, f) for f in families},
             "summary": summary, "runs": runs, "plan": planned}
+
+
+def merge(args: argparse.Namespace, paths: list[str]) -> None:
+    """Combine slices' result files into one (`--merge`): their runs keyed by (family, arm, seed), the summary,
+    ratio and rise recomputed over all of them; each slice's wall time and command kept under `slices`."""
+    runs: dict[tuple[str, str, int], dict[str, Any]] = {}
+    slices = []
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        if data.get("benchmark") != NAME:
+            raise SystemExit(f"--merge: {path} is not a {NAME} result (its benchmark is {data.get('benchmark')!r})")
+        if data.get("quick") != bool(args.quick):
+            raise SystemExit(f"--merge: {path} is {'' if data.get('quick') else 'not '}a --quick result; "
+                             "slices of one result are all quick or none")
+        for r in data["runs"]:
+            runs[(r["family"], r["arm"], r["seed"])] = r
+        slices.append({"file": Path(path).name, "runs": len(data["runs"]), "wall_s": data.get("wall_s"),
+                       "command": data.get("command"), "machine": data.get("machine")})
+    rows = sorted(runs.values(), key=lambda r: (r["family"], ARMS.index(r["arm"]), r["seed"]))
+    args.eval_episodes = next((r["heldout_episodes"] for r in rows), args.eval_episodes)
+    args.families = [f for f in FAMILIES if any(r["family"] == f for r in rows)]
+    res = {**result(args, rows, None), "slices": slices,
+           "wall_s": sum(s["wall_s"] or 0 for s in slices)}
+    json_path = args.json or RESULTS / f"{NAME}{'_quick' if args.quick else ''}.json"
+    report(NAME, res, path=json_path, summary={"ratio": res["ratio"], "runs": len(rows), "wall_s": res["wall_s"],
+                                               "rise": res["rise"]})
 
 
 def main(argv: list[str] | None = None) -> None:
     args = sized(build_parser().parse_args(argv))
+    if args.merge:
+        return merge(args, args.merge)
     planned = plan(args)
     if args.plan:
         return
@@ -537,7 +586,7 @@ def main(argv: list[str] | None = None) -> None:
                 save(NAME, result(args, runs, planned), path=json_path)  # after every run: a kill keeps the rest
     res = {**result(args, runs, planned), "wall_s": round(time.perf_counter() - t0)}
     report(NAME, res, path=json_path, summary={"ratio": res["ratio"], "runs": len(runs), "wall_s": res["wall_s"],
-                                               "summary": res["summary"]})
+                                               "rise": res["rise"], "summary": res["summary"]})
 
 
 if __name__ == "__main__":

@@ -109,3 +109,58 @@ def test_ratio_is_none_when_sft_scores_zero_everywhere(monkeypatch):
                               stage("rl (grpo)", 0.5, 3.0, entropy=[None], kl=[None], alarms={})])]
     assert bench.summarize(runs)[1] is None
     assert runs[1]["dpo_skipped"] and runs[1]["pass_at_1"]["dpo"] == 0.0  # the SFT model, unchanged
+
+
+def slice_file(tmp_path, name, runs):
+    args = args_for(["--quick"])
+    return bench.save("recipe_real", bench.result(args, runs, planned=None), path=tmp_path / name)
+
+
+def test_merge_combines_slices_and_judges_the_rise_from_step_0(tmp_path, monkeypatch, capsys):
+    """Slices run apart (seed 0 in one file, seeds 1 and 2 in another, seed 0 rerun in a third) merge into one
+    result: a later file's run replaces an earlier's, and the rise from step 0 is judged over the three seeds."""
+    args = args_for(["--quick"])
+    monkeypatch.setattr(bench, "pool_size", lambda family, split: 8)
+
+    def full(seed, final):
+        rc = bench.config(args, "rg-chain", "sft+dpo+rl", seed)
+        return bench.run_record(rc, [stage("base", 0.125, 1.0), stage("sft", 0.25, 1.0), stage("dpo", 0.25, 1.0),
+                                     stage("rl (grpo)", final, 1.0, entropy=[], kl=[], alarms={})])
+
+    a = slice_file(tmp_path, "a.json", [full(0, 0.0)])  # replaced by c.json's seed 0
+    b = slice_file(tmp_path, "b.json", [full(1, 0.5), full(2, 0.75)])
+    c = slice_file(tmp_path, "c.json", [full(0, 0.25)])
+    out = tmp_path / "merged.json"
+    bench.main(["--quick", "--merge", str(a), str(b), str(c), "--json", str(out)])
+    data = json.loads(out.read_text())
+    assert [(r["seed"], r["final_pass_at_1"]) for r in data["runs"]] == [(0, 0.25), (1, 0.5), (2, 0.75)]
+    assert list(data["families"]) == ["rg-chain"] and [s["file"] for s in data["slices"]] == ["a.json", "b.json",
+                                                                                              "c.json"]
+    rise = data["rise"]["rg-chain"]
+    # finals 0.25, 0.5, 0.75: mean 0.5, stdev 0.25, stderr 0.25 / sqrt 3 = 0.1443; step 0 is 0.125.
+    # every seed is above 0.125, and the rise, 0.375, is more than 2 x 0.1443 = 0.2887: beyond the spread
+    assert rise["step0"] == 0.125 and rise["final"] == {"mean": 0.5, "stderr": 0.1443, "n": 3}
+    assert rise["every_seed_above"] and rise["beyond_spread"]
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rise"]["rg-chain"]["beyond_spread"]
+
+
+def test_a_rise_within_the_spread_is_not_beyond_it(monkeypatch):
+    args = args_for(["--quick"])
+    monkeypatch.setattr(bench, "pool_size", lambda family, split: 8)
+    runs = [bench.run_record(bench.config(args, "rg-chain", "sft+dpo+rl", seed),
+                             [stage("base", 0.0, 1.0), stage("sft", 0.0, 1.0),
+                              stage("rl (grpo)", final, 1.0, entropy=[], kl=[], alarms={})])
+            for seed, final in enumerate([0.0, 0.125, 0.375])]
+    # seed 0 ends at step 0's 0.0: not every seed rises, so not beyond the spread, whatever the mean says
+    rise = bench.rise(runs, "rg-chain")
+    assert not rise["every_seed_above"] and not rise["beyond_spread"]
+    # one seed only: no spread to be beyond
+    assert bench.rise(runs[2:], "rg-chain")["beyond_spread"] is False
+    assert bench.rise(runs, "bfcl") is None
+
+
+def test_merge_refuses_a_file_of_another_benchmark(tmp_path):
+    other = tmp_path / "context.json"
+    other.write_text(json.dumps({"benchmark": "context", "runs": []}))
+    with pytest.raises(SystemExit, match="not a recipe_real result"):
+        bench.main(["--quick", "--merge", str(other)])
