@@ -21,6 +21,10 @@ The families, and why these two:
   where a TextWorld observation is a room's description), so 3 seeds x 4 arms fit these 2 cores; and over the
   other reasoning-gym envs because it is multi-step by construction (the number of terms sets the turns) and
   the horizon sweep already measured it (horizon_sweep_rg_chain.json).
+- `textworld` (not in the default: name it): generated TextWorld games (`agentrl/TextWorld-v0`, quest length 2,
+  3 rooms, 5 objects), 64 games a split from TextWorld's own seeds (held out: the pool from 2**31), scored by the
+  game's own state (won is a pass). The stand-in the issue asks for should BFCL not leave 0 after SFT at this
+  model size: its episodes are short (~430 tokens, 2 expert turns), so 3 seeds x 3 arms fit beside RG-Chain.
 
 The longer family is BFCL: its expert plays 7.2 policy turns an episode on the train split (6.4 on eval, up to
 10), RG-Chain's 4 (measured by playing the expert on 20 tasks of each split). So the turn-level assigner
@@ -115,6 +119,10 @@ FAMILIES: dict[str, Family] = {
     "rg-chain": Family("agentrl/RG-Chain-v0", {"difficulty": 4, "slack": 1},
                        "reasoning-gym chain_sum score_answer (a pass at 1.0)", longer=False, sft_episodes=128,
                        budget=64),
+    # the stand-in, should BFCL not leave 0 after SFT: generated games, 64 a split (TextWorld's own seeds, the
+    # held-out pool 2**31 on), scored by the game itself (won is a pass)
+    "textworld": Family("agentrl/TextWorld-v0", {"quest_length": 2, "rooms": 3, "objects": 5, "games": 64},
+                        "TextWorld's game state (won is a pass)", longer=False, sft_episodes=128, budget=64),
 }
 ARMS = ("sft", "sft+rl", "sft+dpo+rl", "sft+dpo+rl:turn-ppo")
 
@@ -127,7 +135,8 @@ def arms_of(family: str) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     ap = parser(__doc__, quick="the whole path on the tiny policy (no --model), a few episodes a stage: minutes")
     ap.add_argument("--plan", action="store_true", help="print every run's size and ETA, then stop")
-    ap.add_argument("--families", nargs="+", choices=list(FAMILIES), default=list(FAMILIES))
+    ap.add_argument("--families", nargs="+", choices=list(FAMILIES), default=["bfcl", "rg-chain"],
+                    help="default bfcl rg-chain; textworld is the stand-in for a family that cannot leave 0")
     ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     ap.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0 1 2; --quick 0")
     ap.add_argument("--budget", type=int, default=None,
