@@ -369,7 +369,7 @@ def run_sft_stage(rc: RunConfig, folder: Path) -> dict[str, Any]:
         from agentrl.stages.pipeline import run_sft
 
         t0 = time.perf_counter()
-        res, advice = run_sft(rc.sft, folder, say=lambda s: None)
+        res, advice = run_sft(rc.sft, folder, say=lambda s: print(f"  {rc.family} seed {rc.seed}: {s}", flush=True))
         return stage_row("sft", res, time.perf_counter() - t0, advice=advice)
 
     return cached(folder / "stage.json", make_row)
