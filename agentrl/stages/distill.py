@@ -194,7 +194,8 @@ def sft_on_file(cfg: TrainConfig, data: Path, out: Path, say: Callable[[str], No
     lr = cfg.sft.lr_for(pretrained=True)
     say(f"sft: {len(demos)} teacher episodes x {cfg.sft.epochs} epochs, batch {cfg.sft.batch_size}, lr {lr:g}")
     metrics = sft(policy.model, demos, policy.chat.pad_id, epochs=cfg.sft.epochs, lr=lr,
-                  batch_size=cfg.sft.batch_size, seed=cfg.seed, log=progress_lines(say))
+                  batch_size=cfg.sft.batch_size, max_tokens=cfg.sft.max_batch_tokens, seed=cfg.seed,
+                  log=progress_lines(say))
     policy.save(out)
     result = evaluate(cfg, policy, None, getattr(policy.model.config, "max_position_embeddings", 2048), say=say)
     say(f"held-out pass rate on {cfg.env.id} {result.pass_rate:.3f} over {result.episodes} episodes; student saved "

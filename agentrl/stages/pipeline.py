@@ -148,7 +148,7 @@ def run_sft(cfg: TrainConfig, out: str | Path, data: str | None = None, lora_r: 
         say(f"sft: {len(demos)} demonstrations ({tokens:,} tokens) x {cfg.sft.epochs} epochs, batch "
             f"{cfg.sft.batch_size}, lr {lr:g}" + (" (the tiny policy's, from scratch)" if cfg.model is None else ""))
         metrics = sft(model, demos, policy.chat.pad_id, epochs=cfg.sft.epochs, lr=lr, batch_size=cfg.sft.batch_size,
-                      seed=cfg.seed, log=progress_lines(say))
+                      max_tokens=cfg.sft.max_batch_tokens, seed=cfg.seed, log=progress_lines(say))
         if lora_r:
             policy.model = model.merge_and_unload()  # an ordinary HF folder, loadable without peft
         policy.save(out)

@@ -134,6 +134,23 @@ def sft_loss(logp: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
     return -(logp * action_mask).sum() / action_mask.sum().clamp(min=1)
 
 
+ACTIVATION_BUDGET = 4 * 2**30  # bytes of activations a training forward may keep for its backward
+
+
+def pass_tokens(model: torch.nn.Module, budget: int = ACTIVATION_BUDGET) -> int:
+    """Padded tokens one training forward may take so that the activations kept for the backward stay near
+    `budget`: an estimate of ~10 hidden-width and ~4 MLP-width fp32 vectors a token a layer (SmolLM2-135M: 30
+    layers of 576 and 1,536, ~1.4 MB a token, so ~3,000 tokens in 4 GiB). A model without those config fields
+    gets 16,384, the RL learner's default (`optim.micro_batch_tokens`)."""
+    c = getattr(model, "config", None)
+    layers, hidden = getattr(c, "num_hidden_layers", None), getattr(c, "hidden_size", None)
+    if not isinstance(layers, int) or not isinstance(hidden, int):
+        return 16384
+    inner = getattr(c, "intermediate_size", None) or 4 * hidden
+    per_token = layers * (10 * hidden + 4 * inner) * 4
+    return max(512, budget // per_token)
+
+
 def sft(
     model: torch.nn.Module,
     demos: Sequence[Episode],
@@ -145,8 +162,14 @@ def sft(
     seed: int = 0,
     log: Callable[[dict[str, Any]], None] | None = None,
     resume_file: str | Path | None = None,
+    max_tokens: int | None = None,
 ) -> dict[str, float]:
     """Cross-entropy on action tokens (observation and prompt tokens masked), AdamW, linear decay.
+
+    A batch runs as micro-batches of similar-length rows of at most `max_tokens` padded tokens each (None:
+    `pass_tokens(model)`, what fits a fixed activation budget; `sft.max_batch_tokens`), their gradients summed into
+    the batch's: the same step, with memory bounded by the micro-batch. Without it, eight 2,400-token BFCL
+    demonstrations held ~24 GB of SmolLM2's activations at once.
 
     With `resume_file`, the state after every epoch (weights, optimizer, schedule, the shuffle's RNG)
     is written there atomically, and a run that finds one goes on after its epoch: a killed SFT loses
@@ -154,6 +177,7 @@ def sft(
     when SFT ends."""
     if not demos:
         raise ValueError("sft: no demonstrations")
+    max_tokens = max_tokens or pass_tokens(model)
     model.train()
     device = next(model.parameters()).device
     opt = adamw(model.parameters(), lr=lr)
@@ -179,20 +203,25 @@ def sft(
         rng.shuffle(order)
         for i in range(0, len(order), batch_size):
             # one row per segment where a chat template rewrote the history (agentrl.store.segment_batch)
-            b = segment_batch(make_batch([demos[j] for j in order[i : i + batch_size]], pad_id)).to(device)
-            # the output layer only where an action token is predicted, and demos that begin with the same prompt
-            # (an env's system prompt and tools) run it once: on SmolLM2, most of the step's logits and a third of
-            # its layers' tokens
-            ts = token_stats(model, b.input_ids, b.attention_mask, only=b.action_mask, share_heads=MIN_SHARED_HEAD)
-            loss = sft_loss(ts.logp, b.action_mask)
+            b = segment_batch(make_batch([demos[j] for j in order[i : i + batch_size]], pad_id))
+            targets = b.action_mask.sum().clamp(min=1)  # the batch's token mean, whatever its micro-batches
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            loss = 0.0
+            for rows in b.micro_batches(max_tokens, by_prompt=True):
+                m = b.select(rows).trim().to(device)
+                # the output layer only where an action token is predicted, and demos that begin with the same
+                # prompt (an env's system prompt and tools) run it once: on SmolLM2, most of the step's logits and
+                # a third of its layers' tokens
+                ts = token_stats(model, m.input_ids, m.attention_mask, only=m.action_mask, share_heads=MIN_SHARED_HEAD)
+                part = sft_loss(ts.logp, m.action_mask) * (m.action_mask.sum() / targets)
+                part.backward()
+                loss += part.item()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
             step += 1
             tokens += int(b.attention_mask.sum())
-            loss_ema = loss.item() if loss_ema is None else 0.9 * loss_ema + 0.1 * loss.item()
+            loss_ema = loss if loss_ema is None else 0.9 * loss_ema + 0.1 * loss
             if log is not None:
                 elapsed = time.perf_counter() - t0
                 log({"sft/step": step, "sft/steps": steps, "sft/epoch": epoch, "sft/loss": loss_ema,

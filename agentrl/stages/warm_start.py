@@ -151,7 +151,7 @@ def cache_root() -> Path:
 KEY_FILE = "warm_start_key.json"  # the key's parts, beside the weights: what a rebuild is explained from
 FINGERPRINT_SEEDS = (40_000_000, 40_000_001, 40_000_002)
 # SFTConfig fields that choose or skip a warm start rather than shape one
-_NOT_IN_KEY = {"warm_start", "rebuild"}
+_NOT_IN_KEY = {"warm_start", "rebuild", "max_batch_tokens"}  # the last: summation order only
 # SFTConfig fields that only noise auto reads: a probe at a fixed noise has the key `--sft.noise N` has
 _AUTO_ONLY = {"useful_band", "calibration_episodes", "calibration_probes"}
 AUTO_RULE = 2  # choose_noise's version, in the auto key: a warm start chosen by an older rule is rebuilt
@@ -323,8 +323,8 @@ def warm_start(
     say(f"warm start: the expert (noise {noise:g}) passes {demo_rate:.2f} of its {len(demos)} demonstrations")
     # a warm start killed midway goes on after its last finished epoch on the next run (same key)
     metrics = sft(policy.model, demos, policy.chat.pad_id, epochs=sft_cfg.epochs, lr=sft_cfg.lr_for(pretrained=False),
-                  batch_size=sft_cfg.batch_size, seed=seed, log=log or progress_lines(say),
-                  resume_file=folder.with_name(folder.name + ".sft-epoch.pt"))
+                  batch_size=sft_cfg.batch_size, max_tokens=sft_cfg.max_batch_tokens, seed=seed,
+                  log=log or progress_lines(say), resume_file=folder.with_name(folder.name + ".sft-epoch.pt"))
     metrics["demo_pass_rate"] = demo_rate
     metrics["noise"] = noise
     metrics["parameters"] = policy.num_parameters
@@ -431,7 +431,8 @@ def warm_start_from_data(data: str | Path, tiny: TinyModelConfig, sft_cfg: Any, 
     policy = tiny_policy_from_conversations(convs, tmp, tiny, seed=seed)
     demos = [to_episode(c, policy.chat, group_id=n) for n, c in enumerate(convs)]
     metrics = sft(policy.model, demos, policy.chat.pad_id, epochs=sft_cfg.epochs, lr=sft_cfg.lr_for(pretrained=False),
-                  batch_size=sft_cfg.batch_size, seed=seed, log=progress_lines(say))
+                  batch_size=sft_cfg.batch_size, max_tokens=sft_cfg.max_batch_tokens, seed=seed,
+                  log=progress_lines(say))
     metrics.update({"demonstrations": len(demos), "demo_pass_rate": sum(d.passed for d in demos) / len(demos),
                     "data": str(path), "parameters": policy.num_parameters})
     policy.save(tmp)

@@ -317,3 +317,39 @@ def test_sft_killed_midway_resumes_after_its_last_epoch_to_the_same_weights(tmp_
     for (name, a), b in zip(alone.model.state_dict().items(), again.model.state_dict().values()):
         assert torch.equal(a, b), name
     assert not state.exists()  # done: nothing left to resume
+
+
+def test_sft_in_micro_batches_takes_the_same_steps_as_whole_batches(vault_policy_dir):
+    """A batch split into micro-batches of one demonstration each (the smallest cap) trains to the weights the
+    whole batch gives, up to float summation order: the micro-batches' losses are weighted by their share of
+    the batch's action tokens, so their gradients add up to the batch's token mean."""
+    from agentrl.policy import Policy
+    from agentrl.registry import make
+    from agentrl.stages.sft import collect_demos, sft
+
+    whole, split = Policy.load(vault_policy_dir), Policy.load(vault_policy_dir)
+    demos = collect_demos(lambda: make("agentrl/Vault-v0", locks=2), whole.chat, list(range(12)), 0.3)
+    lengths = {len(d.token_ids()) for d in demos}
+    assert len(lengths) > 1  # rows of different lengths and action counts: a plain mean of parts would differ
+    kw = dict(epochs=2, lr=3e-3, batch_size=6, seed=1)
+    a = sft(whole.model, demos, whole.chat.pad_id, max_tokens=10**6, **kw)
+    b = sft(split.model, demos, split.chat.pad_id, max_tokens=256, **kw)  # 256 < every demo: one row a pass
+    assert 6 * max(lengths) > 256  # so the cap splits every batch
+    assert a["sft/steps"] == b["sft/steps"] == 4
+    assert a["sft/loss"] == pytest.approx(b["sft/loss"], rel=1e-5)
+    for (name, x), y in zip(whole.model.state_dict().items(), split.model.state_dict().values()):
+        assert torch.allclose(x, y, atol=1e-5, rtol=1e-4), name
+
+
+def test_pass_tokens_by_hand():
+    from types import SimpleNamespace
+
+    from agentrl.stages.sft import pass_tokens
+
+    smollm2 = SimpleNamespace(config=SimpleNamespace(num_hidden_layers=30, hidden_size=576, intermediate_size=1536))
+    # 30 layers x (10 x 576 + 4 x 1536) x 4 bytes = 30 x 11,904 x 4 = 1,428,480 bytes a token; 4 GiB / that = 3006.6
+    assert pass_tokens(smollm2) == 3006
+    tiny = SimpleNamespace(config=SimpleNamespace(num_hidden_layers=2, hidden_size=64, intermediate_size=None))
+    # no intermediate size: 4 x 64 = 256; 2 x (640 + 1024) x 4 = 13,312 bytes; 4 GiB / that = 322,638.8
+    assert pass_tokens(tiny) == 322638
+    assert pass_tokens(torch.nn.Linear(2, 2)) == 16384  # no config: the learner's default
