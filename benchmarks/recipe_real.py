@@ -530,6 +530,25 @@ def rise(runs: list[dict[str, Any]], family: str, arm: str = "sft+dpo+rl") -> di
                                   and stats["mean"] - base > 2 * (se or 0.0))}
 
 
+def rl_health(runs: list[dict[str, Any]], family: str) -> dict[str, Any] | None:
+    """Over a family's RL stages: the updates, those with no gradient step (every advantage zero), the last
+    update's entropy over the first's (the lowest and highest of the runs), the largest KL, and the alarms."""
+    curves = [(r["entropy"], r["kl"], r["alarms"]) for r in runs if r["family"] == family and r["entropy"]]
+    if not curves:
+        return None
+    ratios = []
+    for ent, _, _ in curves:
+        e = [x for x in ent if x is not None]
+        if len(e) > 1 and e[0] > 0:
+            ratios.append(e[-1] / e[0])
+    kl = [x for _, k, _ in curves for x in k if x is not None]
+    return {"rl_runs": len(curves), "updates": sum(len(e) for e, _, _ in curves),
+            "updates_without_gradient": sum(e.count(None) for e, _, _ in curves),
+            "entropy_last_over_first_min": round(min(ratios), 3) if ratios else None,
+            "entropy_last_over_first_max": round(max(ratios), 3) if ratios else None,
+            "kl_max": max(kl) if kl else None, "alarms": sorted({a for _, _, al in curves for a in al})}
+
+
 def result(args: argparse.Namespace, runs: list[dict[str, Any]], planned: dict[str, Any] | None) -> dict[str, Any]:
     summary, ratio = summarize(runs)
     families = args.families
@@ -539,6 +558,7 @@ def result(args: argparse.Namespace, runs: list[dict[str, Any]], planned: dict[s
             "baseline": "the sft arm's held-out pass@1, same seeds and tasks, same run",
             "ratio": ratio, "budget_episodes": {f: args.budget or FAMILIES[f].budget for f in families},
             "eval_episodes": args.eval_episodes, "rise": {f: rise(runs, f) for f in families},
+            "rl_health": {f: rl_health(runs, f) for f in families},
             "summary": summary, "runs": runs, "plan": planned}
 
 

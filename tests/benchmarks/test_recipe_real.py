@@ -164,3 +164,18 @@ def test_merge_refuses_a_file_of_another_benchmark(tmp_path):
     other.write_text(json.dumps({"benchmark": "context", "runs": []}))
     with pytest.raises(SystemExit, match="not a recipe_real result"):
         bench.main(["--quick", "--merge", str(other)])
+
+
+def test_rl_health_counts_updates_without_a_gradient_and_the_entropy_drift(monkeypatch):
+    args = args_for(["--quick"])
+    monkeypatch.setattr(bench, "pool_size", lambda family, split: 8)
+    curves = [([0.1, None, 0.08], [0.0, None, 0.002], {}), ([None, 0.05, 0.06, None], [None, 0.0, 0.001, None],
+                                                          {"kl_drift": "kl_drift: ..."})]
+    runs = [bench.run_record(bench.config(args, "rg-chain", "sft+rl", seed),
+                             [stage("sft", 0.0, 1.0), stage("rl (grpo)", 0.1, 1.0, entropy=e, kl=k, alarms=a)])
+            for seed, (e, k, a) in enumerate(curves)]
+    h = bench.rl_health(runs, "rg-chain")
+    # 3 + 4 updates, 1 + 2 without a gradient; entropy last/first 0.08 / 0.1 = 0.8 and 0.06 / 0.05 = 1.2
+    assert h == {"rl_runs": 2, "updates": 7, "updates_without_gradient": 3, "entropy_last_over_first_min": 0.8,
+                 "entropy_last_over_first_max": 1.2, "kl_max": 0.002, "alarms": ["kl_drift"]}
+    assert bench.rl_health(runs, "bfcl") is None
