@@ -494,7 +494,8 @@ def mean_se(xs: list[float]) -> dict[str, Any]:
 
 
 def summarize(runs: list[dict[str, Any]]) -> tuple[dict[str, Any], float | None]:
-    """Per (family, arm): mean and standard error over seeds of every stage's pass@1; and the ratio of
+    """Per (family, arm): mean and standard error over seeds of every stage's pass@1 (and each seed's, under
+    `per_seed`, with the run's seconds); and the ratio of
     `sft+dpo+rl`'s final pass@1 over `sft`'s, over the (family, seed) pairs that ran both (None over 0)."""
     table: dict[str, Any] = {}
     for r in runs:
@@ -504,6 +505,8 @@ def summarize(runs: list[dict[str, Any]]) -> tuple[dict[str, Any], float | None]
         stages = {st for r in rows for st in r["pass_at_1"]}
         summary[key] = {st: mean_se([r["pass_at_1"][st] for r in rows if st in r["pass_at_1"]]) for st in stages}
         summary[key]["final"] = mean_se([r["final_pass_at_1"] for r in rows])
+        summary[key]["per_seed"] = {str(r["seed"]): {**r["pass_at_1"], "seconds": r["seconds"]["total"]}
+                                    for r in sorted(rows, key=lambda r: r["seed"])}
     by = {(r["family"], r["seed"], r["arm"]): r["final_pass_at_1"] for r in runs}
     both = [(k[0], k[1]) for k in by if k[2] == "sft" and (k[0], k[1], "sft+dpo+rl") in by]
     if not both:

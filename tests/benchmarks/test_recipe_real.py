@@ -95,6 +95,7 @@ def test_the_json_writer_on_hand_made_runs(tmp_path, monkeypatch):
     # per (family, arm) over the two seeds: the final pass@1s 0.75 and 1.0 -> mean 0.875, stderr
     # stdev(0.75, 1.0) / sqrt 2 = 0.1768 / 1.4142 = 0.125
     assert data["summary"]["bfcl/sft+dpo+rl"]["final"] == {"mean": 0.875, "stderr": 0.125, "n": 2}
+    assert data["summary"]["bfcl/sft+dpo+rl"]["per_seed"]["1"] == {"sft": 0.5, "dpo": 0.5, "rl": 1.0, "seconds": 45.0}
     # ratio: sft+dpo+rl's mean final (0.875) over sft's (0.25 and 0.5 -> 0.375)
     assert data["ratio"] == round(0.875 / 0.375, 3)
 
