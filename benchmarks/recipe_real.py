@@ -370,7 +370,9 @@ def run_sft_stage(rc: RunConfig, folder: Path) -> dict[str, Any]:
 
         t0 = time.perf_counter()
         res, advice = run_sft(rc.sft, folder, say=lambda s: print(f"  {rc.family} seed {rc.seed}: {s}", flush=True))
-        return stage_row("sft", res, time.perf_counter() - t0, advice=advice)
+        made = json.loads((folder / "warm_start.json").read_text()) if (folder / "warm_start.json").is_file() else {}
+        return stage_row("sft", res, time.perf_counter() - t0, advice=advice, sft_loss=made.get("sft/loss"),
+                         sft_steps=made.get("sft/steps"), demo_pass_rate=made.get("demo_pass_rate"))
 
     return cached(folder / "stage.json", make_row)
 
