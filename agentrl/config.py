@@ -379,9 +379,9 @@ class SFTConfig(Strict):
                             + _pretrained("sft.batch_size", "sft", "sft-lora"))
     max_batch_tokens: int | None = Field(None, ge=256, description="Padded tokens per forward: a batch runs as "
                                          "micro-batches this size whose gradients add up to the batch's (the same "
-                                         "step, less memory). None: what keeps the activations near 4 GiB (~3,000 "
-                                         "tokens on SmolLM2-135M; eight 2,400-token demonstrations at once ran a "
-                                         "24 GB machine out of memory).")
+                                         "step, less memory). None: what keeps the activations near 4 GiB (about "
+                                         "3000 tokens on SmolLM2-135M; eight 2400-token demonstrations at once ran "
+                                         "a 24 GB machine out of memory).")
     noise: Annotated[float, Field(ge=0, le=1)] | Literal["auto"] = Field(
         0.35, description="The expert's slip rate: noisy on purpose, so that the warm start leaves RL headroom (Vault "
         "at 3 locks: the expert itself passes ~0.55). 'auto': judge it by the warm start's own held-out pass rate, "
