@@ -574,9 +574,13 @@ def merge(args: argparse.Namespace, paths: list[str]) -> None:
     runs: dict[tuple[str, str, int], dict[str, Any]] = {}
     slices = []
     for path in paths:
-        data = json.loads(Path(path).read_text())
-        if data.get("benchmark") != NAME:
-            raise SystemExit(f"--merge: {path} is not a {NAME} result (its benchmark is {data.get('benchmark')!r})")
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"--merge: cannot read {path}: {e}") from None
+        if not isinstance(data, dict) or data.get("benchmark") != NAME:
+            what = data.get("benchmark") if isinstance(data, dict) else type(data).__name__
+            raise SystemExit(f"--merge: {path} is not a {NAME} result (its benchmark is {what!r})")
         if data.get("quick") != bool(args.quick):
             raise SystemExit(f"--merge: {path} is {'' if data.get('quick') else 'not '}a --quick result; "
                              "slices of one result are all quick or none")

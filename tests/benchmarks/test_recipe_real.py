@@ -180,3 +180,16 @@ def test_rl_health_counts_updates_without_a_gradient_and_the_entropy_drift(monke
     assert h == {"rl_runs": 2, "updates": 7, "updates_without_gradient": 3, "entropy_last_over_first_min": 0.8,
                  "entropy_last_over_first_max": 1.2, "kl_max": 0.002, "alarms": ["kl_drift"]}
     assert bench.rl_health(runs, "bfcl") is None
+
+
+def test_merge_names_a_file_it_cannot_read(tmp_path):
+    broken = tmp_path / "half.json"
+    broken.write_text('{"benchmark": "recipe_real", "runs": [')  # a slice cut off mid-write
+    with pytest.raises(SystemExit, match="cannot read .*half.json"):
+        bench.main(["--quick", "--merge", str(broken)])
+    with pytest.raises(SystemExit, match="cannot read .*absent.json"):
+        bench.main(["--quick", "--merge", str(tmp_path / "absent.json")])
+    listed = tmp_path / "list.json"
+    listed.write_text("[1, 2]")
+    with pytest.raises(SystemExit, match="not a recipe_real result"):
+        bench.main(["--quick", "--merge", str(listed)])
