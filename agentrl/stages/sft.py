@@ -213,7 +213,7 @@ def sft(
                 # prompt (an env's system prompt and tools) run it once: on SmolLM2, most of the step's logits and
                 # a third of its layers' tokens
                 ts = token_stats(model, m.input_ids, m.attention_mask, only=m.action_mask, share_heads=MIN_SHARED_HEAD)
-                part = sft_loss(ts.logp, m.action_mask) * (m.action_mask.sum() / targets)
+                part = -(ts.logp * m.action_mask).sum() / targets  # this part's share of the batch's mean
                 part.backward()
                 loss += part.item()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
