@@ -27,9 +27,11 @@ The families, and why these two:
   game's own state (won is a pass). The stand-in the issue asks for should BFCL not leave 0 after SFT at this
   model size: its episodes are short (~430 tokens, 2 expert turns), so 3 seeds x 3 arms fit beside RG-Chain.
 
-The longer family is BFCL: its expert plays 7.2 policy turns an episode on the train split (6.4 on eval, up to
-10), RG-Chain's 4 (measured by playing the expert on 20 tasks of each split). So the turn-level assigner
-(`turn-ppo`) runs against grpo on BFCL, with the same budget (updates, groups, group size) from the same DPO model.
+The turn-level assigner (`turn-ppo`) runs against grpo on the longer family that trains, with the same budget
+(updates, groups, group size) from the same DPO model. BFCL is the longest (its expert plays 7.2 policy turns an
+episode on the train split, 6.4 on eval, up to 10), but it does not leave 0 after SFT, so no assigner has a pass to
+credit there. Of the two that train, RG-Chain is the longer: its expert plays 4 turns (3 calculator calls and an
+answer), TextWorld's 2 at quest length 2. So the turn-level arm runs on RG-Chain.
 
 The arms, per family and seed (the same seeds in every arm):
 
@@ -115,10 +117,10 @@ class Family:
 
 FAMILIES: dict[str, Family] = {
     "bfcl": Family("agentrl/BFCL-v0", {"category": "base", "functions": "path", "steps_per_turn": 5},
-                   "BFCL multi_turn_checker (the env's verdict: valid is a pass)", longer=True, sft_episodes=64,
+                   "BFCL multi_turn_checker (the env's verdict: valid is a pass)", longer=False, sft_episodes=64,
                    budget=48, tiny_context=4096),
     "rg-chain": Family("agentrl/RG-Chain-v0", {"difficulty": 4, "slack": 1},
-                       "reasoning-gym chain_sum score_answer (a pass at 1.0)", longer=False, sft_episodes=128,
+                       "reasoning-gym chain_sum score_answer (a pass at 1.0)", longer=True, sft_episodes=128,
                        budget=64),
     # the stand-in, should BFCL not leave 0 after SFT: generated games, 64 a split (TextWorld's own seeds, the
     # held-out pool 2**31 on), scored by the game itself (won is a pass)
