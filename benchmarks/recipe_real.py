@@ -424,7 +424,8 @@ def rl_curves(folder: Path) -> dict[str, Any]:
         return [round(r[key], 5) if isinstance(r.get(key), (int, float)) else None for r in updates]
 
     return {"steps": [r["step"] for r in updates], "entropy": curve("train/entropy"), "kl": curve("train/kl"),
-            "rollout_pass_rate": [r.get("rollout/pass_rate") for r in updates], "alarms": alarms}
+            "rollout_pass_rate": [r.get("rollout/pass_rate") for r in updates], "alarms": alarms,
+            "critic_only": [bool(r.get("credit/critic_warmup", 0.0) >= 1.0) for r in updates]}
 
 
 def run_rl_stage(rc: RunConfig, start: Path, folder: Path, warm: dict[str, Any]) -> dict[str, Any]:
@@ -485,6 +486,7 @@ def run_record(rc: RunConfig, stages: list[dict[str, Any]]) -> dict[str, Any]:
             "seconds": {**{s["stage"].split(" ")[0]: s.get("seconds") for s in stages},
                         "total": round(sum(s.get("seconds") or 0 for s in stages), 1)},
             "entropy": rl["entropy"] if rl else [], "kl": rl["kl"] if rl else [],
+            "critic_only": rl.get("critic_only", []) if rl else [],
             "alarms": rl["alarms"] if rl else {}, "stages": stages,
             "settings": {"sft": rc.sft.sft.model_dump(), "dpo": rc.dpo.model_dump() if rc.dpo else None,
                          "rl_updates": rc.rl.updates if rc.rl else 0, "rl_episodes": rc.rl_episodes,
@@ -539,9 +541,11 @@ def rise(runs: list[dict[str, Any]], family: str, arm: str = "sft+dpo+rl") -> di
 
 
 def rl_health(runs: list[dict[str, Any]], family: str) -> dict[str, Any] | None:
-    """Over a family's RL stages: the updates, those with no gradient step (every advantage zero), the last
-    update's entropy over the first's (the lowest and highest of the runs), the largest KL, and the alarms."""
-    curves = [(r["entropy"], r["kl"], r["alarms"]) for r in runs if r["family"] == family and r["entropy"]]
+    """Over a family's RL stages: the updates, those that trained only a critic (an assigner's warm-up: the policy
+    did not move), those with no gradient step (every advantage zero), the last update's entropy over the first's
+    (the lowest and highest of the runs), the largest KL, and the alarms."""
+    rl = [r for r in runs if r["family"] == family and r["entropy"]]
+    curves = [(r["entropy"], r["kl"], r["alarms"]) for r in rl]
     if not curves:
         return None
     ratios = []
@@ -550,8 +554,9 @@ def rl_health(runs: list[dict[str, Any]], family: str) -> dict[str, Any] | None:
         if len(e) > 1 and e[0] > 0:
             ratios.append(e[-1] / e[0])
     kl = [x for _, k, _ in curves for x in k if x is not None]
-    return {"rl_runs": len(curves), "updates": sum(len(e) for e, _, _ in curves),
-            "updates_without_gradient": sum(e.count(None) for e, _, _ in curves),
+    critic_only = sum(sum(r.get("critic_only") or []) for r in rl)
+    return {"rl_runs": len(curves), "updates": sum(len(e) for e, _, _ in curves), "updates_critic_only": critic_only,
+            "updates_without_gradient": sum(e.count(None) for e, _, _ in curves) - critic_only,
             "entropy_last_over_first_min": round(min(ratios), 3) if ratios else None,
             "entropy_last_over_first_max": round(max(ratios), 3) if ratios else None,
             "kl_max": max(kl) if kl else None, "alarms": sorted({a for _, _, al in curves for a in al})}

@@ -177,9 +177,21 @@ def test_rl_health_counts_updates_without_a_gradient_and_the_entropy_drift(monke
             for seed, (e, k, a) in enumerate(curves)]
     h = bench.rl_health(runs, "rg-chain")
     # 3 + 4 updates, 1 + 2 without a gradient; entropy last/first 0.08 / 0.1 = 0.8 and 0.06 / 0.05 = 1.2
-    assert h == {"rl_runs": 2, "updates": 7, "updates_without_gradient": 3, "entropy_last_over_first_min": 0.8,
+    assert h == {"rl_runs": 2, "updates": 7, "updates_critic_only": 0, "updates_without_gradient": 3, "entropy_last_over_first_min": 0.8,
                  "entropy_last_over_first_max": 1.2, "kl_max": 0.002, "alarms": ["kl_drift"]}
     assert bench.rl_health(runs, "bfcl") is None
+
+
+def test_rl_health_counts_a_critics_warm_up_apart_from_updates_without_a_gradient(monkeypatch):
+    args = args_for(["--quick"])
+    monkeypatch.setattr(bench, "pool_size", lambda family, split: 8)
+    # turn-ppo: two critic-only updates (no policy step, so no entropy), then one all-zero update, then a step
+    rl = stage("rl (turn-ppo)", 0.1, 1.0, entropy=[None, None, None, 0.09], kl=[None, None, None, 0.001], alarms={},
+               critic_only=[True, True, False, False])
+    runs = [bench.run_record(bench.config(args, "rg-chain", "sft+dpo+rl:turn-ppo", 0), [stage("sft", 0.0, 1.0), rl])]
+    assert runs[0]["critic_only"] == [True, True, False, False]
+    h = bench.rl_health(runs, "rg-chain")
+    assert (h["updates"], h["updates_critic_only"], h["updates_without_gradient"]) == (4, 2, 1)
 
 
 def test_merge_names_a_file_it_cannot_read(tmp_path):
