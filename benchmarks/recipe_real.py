@@ -277,12 +277,46 @@ def episode_tokens(family: str, max_new_tokens: int, tasks: int = 8) -> dict[str
             "turns": statistics.mean(turns)}
 
 
-def plan(args: argparse.Namespace, say: Callable[[str], None] = print) -> dict[str, Any]:
-    """Every selected run's size and ETA; shared stages counted once. Returns the plan (also in the JSON)."""
+def measured_stages(path: Path, eval_episodes: int) -> dict[str, dict[tuple[str, Any], float]]:
+    """Per family, the median seconds its stages took in a finished result (`recipe_real.json`), keyed by stage
+    and size: ("base", None), ("sft", (demonstrations, epochs)), ("dpo", episodes), each with its held-out
+    evaluation, and ("rl_update", None): an RL stage's seconds over its updates, its final evaluation spread over
+    them. Only runs at `eval_episodes` held out, so the evaluations match; {} without a result. The token
+    estimate misses each turn's env step and prefill overheads (BFCL's untouched evaluation took 566 s where it
+    said ~3 min), so a stage measured at the same size wins over it."""
+    try:
+        runs = json.loads(path.read_text())["runs"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    seen: dict[str, dict[tuple[str, Any], list[float]]] = {}
+    for r in runs:
+        if r.get("heldout_episodes") != eval_episodes:
+            continue
+        fam, sft = seen.setdefault(r["family"], {}), r["settings"]["sft"]
+        for st in r["stages"]:
+            name, secs = st["stage"].split(" ")[0], st.get("seconds")
+            if not secs or st.get("skipped"):
+                continue
+            key = {"base": ("base", None), "sft": ("sft", (sft["episodes"], sft["epochs"])),
+                   "dpo": ("dpo", r["settings"]["dpo_episodes"])}.get(name)
+            if name == "rl" and st.get("updates"):
+                fam.setdefault(("rl_update", None), []).append(secs / st["updates"])
+            elif key:
+                fam.setdefault(key, []).append(secs)
+    return {f: {k: statistics.median(v) for k, v in stages.items()} for f, stages in seen.items()}
+
+
+def plan(args: argparse.Namespace, say: Callable[[str], None] = print,
+         measured_from: Path = RESULTS / f"{NAME}.json") -> dict[str, Any]:
+    """Every selected run's size and ETA; shared stages counted once. A stage that a finished result measured for
+    this family at the same size (`measured_stages`) takes its median seconds; the others an estimate from tokens
+    and measured rates. Returns the plan (also in the JSON)."""
     rates = measured_rates()
+    measured = {} if args.model is None else measured_stages(measured_from, args.eval_episodes)
     rows, total = [], 0.0
     for family in args.families:
         tok = episode_tokens(family, args.max_new_tokens)
+        known = measured.get(family, {})
 
         def rollout_s(episodes: int, tok: dict[str, float] = tok) -> float:
             return episodes * (tok["written"] / rates["decode_tokens_per_s"]
@@ -293,37 +327,48 @@ def plan(args: argparse.Namespace, say: Callable[[str], None] = print) -> dict[s
 
         shared_done: set[str] = set()
         if not args.no_base and args.model is not None:
-            total += eval_s()
-            rows.append({"family": family, "arm": "base", "seed": None, "eta_s": round(eval_s())})
+            eta = known.get(("base", None), eval_s())
+            total += eta
+            rows.append({"family": family, "arm": "base", "seed": None, "eta_s": round(eta),
+                         "measured": ("base", None) in known})
         for seed in args.seeds:
             for arm in [a for a in arms_of(family) if a in args.arms]:
                 rc = config(args, family, arm, seed)
-                eta = 0.0
+                eta, from_result = 0.0, True
                 if f"sft{seed}" not in shared_done:
-                    eta += tok["demo"] * rc.sft.sft.episodes * rc.sft.sft.epochs / rates["sft_tokens_per_s"] + eval_s()
+                    sft_tokens = tok["demo"] * rc.sft.sft.episodes * rc.sft.sft.epochs
+                    key = ("sft", (rc.sft.sft.episodes, rc.sft.sft.epochs))
+                    eta += known.get(key, sft_tokens / rates["sft_tokens_per_s"] + eval_s())
+                    from_result &= key in known
                     shared_done.add(f"sft{seed}")
                 if rc.dpo is not None and f"dpo{seed}" not in shared_done:
-                    eta += rollout_s(rc.dpo_episodes) + eval_s()
-                    eta += 2 * tok["demo"] * rc.dpo_episodes / 2 * rc.dpo.epochs / rates["sft_tokens_per_s"]
+                    eta += known.get(("dpo", rc.dpo_episodes), rollout_s(rc.dpo_episodes) + eval_s() + 2 * tok["demo"]
+                                     * rc.dpo_episodes / 2 * rc.dpo.epochs / rates["sft_tokens_per_s"])
+                    from_result &= ("dpo", rc.dpo_episodes) in known
                     shared_done.add(f"dpo{seed}")
                 if rc.rl is not None:  # rollouts, one update's forward and backward, the final evaluation
-                    eta += rollout_s(rc.rl_episodes) + rc.rl_episodes * tok["context"] / rates["sft_tokens_per_s"]
-                    eta += eval_s()
+                    estimate = rollout_s(rc.rl_episodes) + rc.rl_episodes * tok["context"] / rates["sft_tokens_per_s"]
+                    per_update = known.get(("rl_update", None))
+                    eta += per_update * rc.rl.updates if per_update else estimate + eval_s()
+                    from_result &= per_update is not None
                 total += eta
                 rows.append({"family": family, "arm": arm, "seed": seed, "sft_demos": rc.sft.sft.episodes,
                              "sft_epochs": rc.sft.sft.epochs, "dpo_episodes": rc.dpo_episodes,
                              "rl_updates": rc.rl.updates if rc.rl else 0, "rl_episodes": rc.rl_episodes,
                              "algo": rc.rl.algo if rc.rl else None, "eval_episodes": args.eval_episodes,
-                             "eta_s": round(eta)})
+                             "eta_s": round(eta), "measured": from_result})
         say(f"{family}: expert episode ~{tok['demo']:.0f} tokens, {tok['turns']:.1f} turns; a policy episode "
             f"~{tok['written']:.0f} tokens written, ~{tok['context']:.0f} read")
     for r in rows:
         say(f"  {r['family']:9s} {r['arm']:22s} seed {r['seed']!s:4s} " + (
             f"sft {r['sft_demos']}x{r['sft_epochs']}, dpo {r['dpo_episodes']} ep, rl {r['rl_updates']} upd "
             f"({r['rl_episodes']} ep), eval {r['eval_episodes']} ep" if r["arm"] != "base" else
-            f"the untouched model's held-out evaluation, {args.eval_episodes} ep") + f": ~{r['eta_s'] / 60:.0f} min")
-    say(f"total ~{total / 3600:.1f} h on a quiet 2-core machine (rates: {rates}; the longest run "
-        f"~{max(r['eta_s'] for r in rows) / 60:.0f} min)")
+            f"the untouched model's held-out evaluation, {args.eval_episodes} ep") + f": ~{r['eta_s'] / 60:.0f} min"
+            + ("" if r["measured"] else " (estimated)"))
+    longest = max(r["eta_s"] for r in rows) / 60
+    say(f"total ~{total / 3600:.1f} h on a quiet 2-core machine (the longest run ~{longest:.0f} min). Stages run "
+        f"before take their measured seconds ({measured_from.name}); those marked (estimated) take tokens over "
+        f"measured rates ({rates}), which miss each turn's overheads: on long episodes, low.")
     return {"rates": rates, "runs": rows, "total_s": round(total)}
 
 

@@ -50,8 +50,8 @@ def test_every_run_is_a_valid_config_at_its_size(argv):
 
 def test_turn_ppo_and_grpo_get_the_same_budget():
     args = args_for([])
-    grpo = bench.config(args, "bfcl", "sft+dpo+rl", seed=0)
-    turn = bench.config(args, "bfcl", "sft+dpo+rl:turn-ppo", seed=0)
+    grpo = bench.config(args, "rg-chain", "sft+dpo+rl", seed=0)
+    turn = bench.config(args, "rg-chain", "sft+dpo+rl:turn-ppo", seed=0)
     assert (grpo.rl.updates, grpo.rl.rollout.groups, grpo.rl.rollout.group_size) == \
         (turn.rl.updates, turn.rl.rollout.groups, turn.rl.rollout.group_size)
     assert grpo.dpo == turn.dpo  # one DPO model per seed, shared
@@ -177,8 +177,9 @@ def test_rl_health_counts_updates_without_a_gradient_and_the_entropy_drift(monke
             for seed, (e, k, a) in enumerate(curves)]
     h = bench.rl_health(runs, "rg-chain")
     # 3 + 4 updates, 1 + 2 without a gradient; entropy last/first 0.08 / 0.1 = 0.8 and 0.06 / 0.05 = 1.2
-    assert h == {"rl_runs": 2, "updates": 7, "updates_critic_only": 0, "updates_without_gradient": 3, "entropy_last_over_first_min": 0.8,
-                 "entropy_last_over_first_max": 1.2, "kl_max": 0.002, "alarms": ["kl_drift"]}
+    assert h == {"rl_runs": 2, "updates": 7, "updates_critic_only": 0, "updates_without_gradient": 3,
+                 "entropy_last_over_first_min": 0.8, "entropy_last_over_first_max": 1.2, "kl_max": 0.002,
+                 "alarms": ["kl_drift"]}
     assert bench.rl_health(runs, "bfcl") is None
 
 
@@ -205,3 +206,26 @@ def test_merge_names_a_file_it_cannot_read(tmp_path):
     listed.write_text("[1, 2]")
     with pytest.raises(SystemExit, match="not a recipe_real result"):
         bench.main(["--quick", "--merge", str(listed)])
+
+
+def test_the_plan_takes_a_stage_measured_at_the_same_size_over_its_estimate(tmp_path):
+    args = args_for(["--families", "rg-chain", "--arms", "sft+rl", "--seeds", "0"])
+    settings = {"sft": {"episodes": 128, "epochs": 2}, "dpo_episodes": 0}
+    run = {"family": "rg-chain", "heldout_episodes": 24, "settings": settings,
+           "stages": [stage("base", 0.0, 100.0), stage("sft", 0.1, 600.0), stage("rl (grpo)", 0.1, 240.0, updates=8)]}
+    other = {**run, "heldout_episodes": 48, "stages": [stage("base", 0.0, 9999.0)]}  # another evaluation size
+    slow = {**run, "stages": [stage("base", 0.0, 300.0), stage("sft", 0.1, 900.0),
+                              stage("rl (grpo)", 0.1, 400.0, updates=8)]}
+    path = tmp_path / "recipe_real.json"
+    path.write_text(json.dumps({"runs": [run, other, slow, run]}))
+    assert bench.measured_stages(path, 24)["rg-chain"] == {  # medians of 100, 300, 100; 600, 900, 600; 30, 50, 30
+        ("base", None): 100.0, ("sft", (128, 2)): 600.0, ("rl_update", None): 30.0}
+    rows = {r["arm"]: r for r in bench.plan(args, say=lambda s: None, measured_from=path)["runs"]}
+    assert (rows["base"]["eta_s"], rows["base"]["measured"]) == (100, True)
+    # the SFT model (600 s, its evaluation in it), then 8 updates at 30 s, the final evaluation in them
+    assert (rows["sft+rl"]["eta_s"], rows["sft+rl"]["measured"]) == (600 + 8 * 30, True)
+    # another SFT size was never measured: the SFT part is an estimate, and the row says so
+    resized = args_for(["--families", "rg-chain", "--arms", "sft+rl", "--seeds", "0", "--sft-episodes", "64"])
+    row = bench.plan(resized, say=lambda s: None, measured_from=path)["runs"][1]
+    assert row["measured"] is False and row["eta_s"] != 600 + 8 * 30
+    assert bench.measured_stages(tmp_path / "absent.json", 24) == {}
