@@ -246,6 +246,12 @@ class ReasoningGymChainEnv(ReasoningGymCalcEnv):
         self.folded = 0  # partial sums reached on the calculator
         return obs, info
 
+    def state_key(self) -> int:
+        """How far the sum has got: the partial sums reached on the calculator. Within a group (one task) two
+        episodes at the same count stand at the same point, whatever turns they wasted on the way, so gigpo
+        compares their returns from there."""
+        return self.folded
+
     def expert_action(self, noise: float = 0.0) -> str:
         """The next operation on the running total, then the answer. A slip (probability `noise` a turn)
         is a miscopied number (a wasted turn; the slack absorbs it) or, one slip in four, an answer given

@@ -199,6 +199,20 @@ def test_rg_chain_answers_a_calculation_it_cannot_do_with_an_error_the_policy_re
     assert obs.endswith("= -6") and env.folded == 1  # the episode goes on where it was
 
 
+def test_rg_chain_state_key_is_the_progress_of_the_sum_whatever_turns_were_wasted():
+    """gigpo's step groups: two episodes of one task that reach the same partial sum share a state, one that
+    wasted a turn on the way included; one still at the start does not."""
+    from agentrl.adapters.reasoning_gym_tasks import ReasoningGymChainEnv
+
+    straight, wasteful = ReasoningGymChainEnv(difficulty=3, slack=1), ReasoningGymChainEnv(difficulty=3, slack=1)
+    for env in (straight, wasteful):
+        env.reset(seed=0)  # 1 - 7 + 5
+    assert wasteful.step(call("calculator", expression="1 - 8"))[-1]["state_key"] == 0  # -7: not a partial sum
+    keys = [env.step(call("calculator", expression="1 - 7"))[-1]["state_key"] for env in (straight, wasteful)]
+    assert keys == [1, 1]  # -6, the first partial sum, on the first turn and on the second
+    assert straight.step(call("calculator", expression="-6 + 5"))[-1]["state_key"] == 2
+
+
 def test_the_sweeps_rg_chain_family_sets_the_turn_budget_by_its_terms():
     import sys
     from pathlib import Path
