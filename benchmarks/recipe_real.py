@@ -27,7 +27,7 @@ The families, and why these two:
   game's own state (won is a pass). The stand-in the issue asks for should BFCL not leave 0 after SFT at this
   model size: its episodes are short (~430 tokens, 2 expert turns), so 3 seeds x 3 arms fit beside RG-Chain.
 
-The turn-level assigner (`turn-ppo`) runs against grpo on the longer family that trains, with the same budget
+The turn-level assigners (`turn-ppo`, `gigpo`) run against grpo on the longer family that trains, with the same budget
 (updates, groups, group size) from the same DPO model. BFCL is the longest (its expert plays 7.2 policy turns an
 episode on the train split, 6.4 on eval, up to 10), but it does not leave 0 after SFT, so no assigner has a pass to
 credit there. Of the two that train, RG-Chain is the longer: its expert plays 4 turns (3 calculator calls and an
@@ -42,6 +42,10 @@ The arms, per family and seed (the same seeds in every arm):
   one task), then grpo; DPO's rollouts count against the same `--budget`, a quarter of it (as
   recipe_ablation.py splits it), so every RL arm samples the same number of episodes after SFT.
 - `sft+dpo+rl:turn-ppo` (the longer family only): as `sft+dpo+rl`, turn-ppo in grpo's place, the DPO model shared.
+  Its critic warms up before the policy moves (up to 5 critic-only updates, `credit.warmup_updates`), and at this
+  budget (6 updates) that is most of the run: the JSON counts them (`critic_only`, `rl_health.updates_critic_only`).
+- `sft+dpo+rl:gigpo` (the longer family only): the critic-free turn-level assigner in grpo's place, its step
+  groups from RG-Chain's `state_key` (the partial sums reached), so every update moves the policy.
 
 DPO, not SimPO: the pairs are few (a quarter of the budget, and only groups that hold a pass and a fail make
 one), and DPO's frozen reference keeps a model tuned on so few pairs near the SFT model it starts from; SimPO has
@@ -127,12 +131,12 @@ FAMILIES: dict[str, Family] = {
     "textworld": Family("agentrl/TextWorld-v0", {"quest_length": 2, "rooms": 3, "objects": 5, "games": 64},
                         "TextWorld's game state (won is a pass)", longer=False, sft_episodes=128, budget=64),
 }
-ARMS = ("sft", "sft+rl", "sft+dpo+rl", "sft+dpo+rl:turn-ppo")
+ARMS = ("sft", "sft+rl", "sft+dpo+rl", "sft+dpo+rl:turn-ppo", "sft+dpo+rl:gigpo")
 
 
 def arms_of(family: str) -> list[str]:
-    """The arms a family runs: the turn-level one only on the longer family."""
-    return [a for a in ARMS if not a.endswith(":turn-ppo") or FAMILIES[family].longer]
+    """The arms a family runs: the turn-level ones (an assigner named after ":") only on the longer family."""
+    return [a for a in ARMS if ":" not in a or FAMILIES[family].longer]
 
 
 def build_parser() -> argparse.ArgumentParser:

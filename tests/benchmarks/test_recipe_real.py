@@ -25,7 +25,8 @@ def test_every_run_is_a_valid_config_at_its_size(argv):
     assert args.seeds == ([0] if quick else [0, 1, 2])
     for family, fam in bench.FAMILIES.items():
         arms = bench.arms_of(family)
-        assert ("sft+dpo+rl:turn-ppo" in arms) == fam.longer  # the turn-level arm on the longer family only
+        turn_level = {"sft+dpo+rl:turn-ppo", "sft+dpo+rl:gigpo"}
+        assert turn_level & set(arms) == (turn_level if fam.longer else set())
         for arm in arms:
             rc = bench.config(args, family, arm, seed=2)
             assert rc.sft.env.id == fam.env_id and rc.sft.seed == 2 and rc.sft.updates == 0
@@ -40,7 +41,7 @@ def test_every_run_is_a_valid_config_at_its_size(argv):
             # every RL arm samples the whole budget after SFT: DPO's rollouts plus RL's
             assert rc.dpo_episodes + rc.rl_episodes == budget
             assert rc.rl.updates * rc.rl.rollout.groups * rc.rl.rollout.group_size == rc.rl_episodes
-            assert rc.rl.algo == ("turn-ppo" if arm.endswith(":turn-ppo") else "grpo")
+            assert rc.rl.algo == {"sft+dpo+rl:turn-ppo": "turn-ppo", "sft+dpo+rl:gigpo": "gigpo"}.get(arm, "grpo")
             assert (rc.dpo is not None) == ("+dpo+" in arm)
             if rc.dpo is not None:
                 assert rc.dpo.loss == "dpo" and rc.dpo.groups * rc.dpo.group_size == rc.dpo_episodes
