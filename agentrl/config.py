@@ -548,6 +548,11 @@ class DPOConfig(Strict):
     group_size: int = Field(8, ge=2, description="Episodes per group; at least 2 so a group can hold a pass and a "
                             "fail.")
     max_pairs_per_group: int = Field(4, ge=1, description="Caps pairs from one task so easy tasks do not dominate.")
+    max_batch_tokens: int | None = Field(None, ge=256, description="Padded tokens per forward: a batch of pairs runs "
+                                         "as micro-batches of whole pairs this size whose gradients add up to the "
+                                         "batch's (the same step, less memory). None: what keeps the activations near "
+                                         "4 GiB, as sft.max_batch_tokens (eight TextWorld pairs at once ran a 24 GB "
+                                         "machine out of memory).")
     nll_weight: float = Field(1.0, ge=0, description="Adds this times the chosen episodes' per-token NLL (RPO, Pang et "
                               "al. 2024), so DPO cannot push the chosen likelihood down with the rejected one. "
                               "Measured on Vault (~100 pairs): without it held-out pass rate went 0.47 -> 0.00; with "

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from agentrl.config import DPOConfig, PrefLoss
 from agentrl.core import Episode
 from agentrl.policy import adamw, token_stats
+from agentrl.stages.sft import pass_tokens
 from agentrl.store import make_batch, segment_batch
 
 LOG = logging.getLogger(__name__)
@@ -112,6 +113,29 @@ def _seq_logps(model: torch.nn.Module, episodes: list[Episode], pad_id: int) -> 
             torch.zeros(len(episodes), device=device, dtype=tokens.dtype).index_add(0, rows, tokens))
 
 
+def micro_pairs(chunk: Sequence[tuple[Episode, Episode]], max_tokens: int) -> list[list[tuple[Episode, Episode]]]:
+    """`chunk`'s pairs, in order, as runs whose forward fits `max_tokens` padded tokens: k pairs cost k times the
+    longest chosen plus k times the longest rejected episode (the two sides are two padded batches, both kept for
+    the backward). A pair longer than the cap runs alone.
+
+    >>> ep = lambda n: Episode(list(range(n)), [])
+    >>> [len(run) for run in micro_pairs([(ep(100), ep(60))] * 3 + [(ep(300), ep(10))], 400)]
+    [2, 1, 1]
+    """
+    runs: list[list[tuple[Episode, Episode]]] = []
+    longest = (0, 0)
+    for pair in chunk:
+        lengths = (len(pair[0].token_ids()), len(pair[1].token_ids()))
+        grown = (max(longest[0], lengths[0]), max(longest[1], lengths[1]))
+        if runs and (len(runs[-1]) + 1) * sum(grown) <= max_tokens:
+            runs[-1].append(pair)
+            longest = grown
+        else:
+            runs.append([pair])
+            longest = lengths
+    return runs
+
+
 def train_preferences(
     model: torch.nn.Module,
     reference: torch.nn.Module | None,
@@ -121,11 +145,17 @@ def train_preferences(
     seed: int = 0,
     log: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, float]:
-    """Optimise `model` on preference pairs; `reference` is frozen (unused by SimPO)."""
+    """Optimise `model` on preference pairs; `reference` is frozen (unused by SimPO).
+
+    A step's `cfg.batch_pairs` pairs run as micro-batches of whole pairs (`micro_pairs`, at most
+    `cfg.max_batch_tokens` padded tokens; None: `pass_tokens(model)`). Each pair's loss depends on its own two
+    episodes only, so a micro-batch's mean loss weighted by its share of the batch's pairs gives the batch's
+    mean, and the gradients add up to the whole batch's."""
     if not pairs:
         raise ValueError("no preference pairs to train on")
     if cfg.loss != "simpo" and reference is None:
         raise ValueError(f"{cfg.loss} needs a frozen reference model")
+    max_tokens = cfg.max_batch_tokens or pass_tokens(model)
     opt = adamw(model.parameters(), lr=cfg.lr)
     rng = random.Random(seed)
     order = list(range(len(pairs)))
@@ -135,29 +165,19 @@ def train_preferences(
         rng.shuffle(order)
         for i in range(0, len(order), cfg.batch_pairs):
             chunk = [pairs[j] for j in order[i : i + cfg.batch_pairs]]
-            chosen, rejected = [c for c, _ in chunk], [r for _, r in chunk]
-            s_c, n_c = _seq_logps(model, chosen, pad_id)
-            s_r, n_r = _seq_logps(model, rejected, pad_id)
-            ref_c = ref_r = None
-            if cfg.loss != "simpo":
-                with torch.inference_mode():
-                    ref_c, _ = _seq_logps(reference, chosen, pad_id)
-                    ref_r, _ = _seq_logps(reference, rejected, pad_id)
-                ref_c, ref_r = ref_c.clone(), ref_r.clone()
-            loss, stats = preference_loss(s_c, s_r, ref_c, ref_r, cfg.loss, cfg.resolved_beta, cfg.simpo_gamma, n_c,
-                                          n_r)
-            if cfg.nll_weight > 0:
-                nll = (-s_c / n_c.clamp(min=1)).mean()
-                loss = loss + cfg.nll_weight * nll
-                stats["nll_chosen"] = nll.item()
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"non-finite {cfg.loss} loss at step {step}: {stats}")
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            stats: dict[str, float] = {}
+            for run in micro_pairs(chunk, max_tokens):
+                share = len(run) / len(chunk)
+                loss, part = _pairs_loss(model, reference, run, pad_id, cfg)
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(f"non-finite {cfg.loss} loss at step {step}: {part}")
+                (loss * share).backward()
+                for k, v in {"loss": loss.item(), **part}.items():
+                    stats[k] = stats.get(k, 0.0) + v * share
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             step += 1
-            stats = {"loss": loss.item(), **stats}
             agg = stats
             if log is not None:
                 log({"dpo/step": step, "dpo/epoch": epoch, **{f"dpo/{k}": v for k, v in stats.items()}})
@@ -169,3 +189,23 @@ def train_preferences(
     model.eval()
     return {**{f"dpo/{k}": v for k, v in agg.items()}, "dpo/steps": step, "dpo/pairs": len(pairs),
             "dpo/seconds": time.perf_counter() - t0}
+
+
+def _pairs_loss(model: torch.nn.Module, reference: torch.nn.Module | None, run: list[tuple[Episode, Episode]],
+                pad_id: int, cfg: DPOConfig) -> tuple[torch.Tensor, dict[str, float]]:
+    """The mean preference loss over `run`'s pairs (with RPO's NLL term), and its statistics."""
+    chosen, rejected = [c for c, _ in run], [r for _, r in run]
+    s_c, n_c = _seq_logps(model, chosen, pad_id)
+    s_r, n_r = _seq_logps(model, rejected, pad_id)
+    ref_c = ref_r = None
+    if cfg.loss != "simpo":
+        with torch.inference_mode():
+            ref_c, _ = _seq_logps(reference, chosen, pad_id)
+            ref_r, _ = _seq_logps(reference, rejected, pad_id)
+        ref_c, ref_r = ref_c.clone(), ref_r.clone()
+    loss, stats = preference_loss(s_c, s_r, ref_c, ref_r, cfg.loss, cfg.resolved_beta, cfg.simpo_gamma, n_c, n_r)
+    if cfg.nll_weight > 0:
+        nll = (-s_c / n_c.clamp(min=1)).mean()
+        loss = loss + cfg.nll_weight * nll
+        stats["nll_chosen"] = nll.item()
+    return loss, stats
