@@ -341,19 +341,25 @@ def test_sft_in_micro_batches_takes_the_same_steps_as_whole_batches(vault_policy
         assert torch.allclose(x, y, atol=1e-5, rtol=1e-4), name
 
 
-def test_dpo_in_micro_batches_takes_the_same_steps_as_whole_batches(vault_policy_dir):
+def test_dpo_in_micro_batches_takes_the_same_steps_as_whole_batches(vault_policy_dir, monkeypatch):
     """A step's pairs split into micro-batches (here one pair each) train to the weights the whole batch gives, up to
-    float summation order: each micro-batch's mean loss is weighted by its share of the step's pairs."""
+    float summation order: each micro-batch's mean loss is weighted by its share of the step's pairs. Plain SGD and
+    no clip, so that the gradient's scale shows in the weights (Adam or a clip would hide a micro-batch's loss
+    summed, not averaged)."""
     import copy
 
     from agentrl.policy import Policy
+    from agentrl.stages import dpo
     from agentrl.stages.dpo import micro_pairs, pairs_from_episodes, train_preferences
+
+    monkeypatch.setattr(dpo, "adamw", lambda params, lr: torch.optim.SGD(params, lr=lr))
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, norm: None)  # a clip would hide it too
 
     whole, split = Policy.load(vault_policy_dir), Policy.load(vault_policy_dir)
     pairs, _ = pairs_from_episodes(scripted_groups(PIPELINE_CFG, whole, 2, 4, 0), 4, 0)
     assert len(pairs) == 8
     reference = copy.deepcopy(whole.model).eval().requires_grad_(False)
-    kw = dict(epochs=2, lr=5e-3, batch_pairs=6)  # steps of 6 and 2 pairs: unequal shares
+    kw = dict(epochs=2, lr=0.05, batch_pairs=6)  # steps of 6 and 2 pairs: unequal shares
     cap = max(len(c.token_ids()) + len(r.token_ids()) for c, r in pairs)
     assert [len(run) for run in micro_pairs(pairs[:6], cap)] == [1] * 6  # two pairs never fit: one pair a pass
     a = train_preferences(whole.model, reference, pairs, whole.chat.pad_id,
