@@ -27,7 +27,6 @@ Last line: one JSON object with `ratio`.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import time
@@ -37,6 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import recipe_real  # noqa: E402
 from benchlib import parser, report  # noqa: E402
+from recipe_real import mean_se  # noqa: E402
 
 NAME = "rl_longer_real"
 
@@ -100,11 +100,6 @@ def run_record(folder: Path) -> dict[str, Any]:
             "entropy_last5_over_first5": round(statistics.mean(tail) / statistics.mean(head), 3) if head else None,
             "kl_max": max((k for k in curve("train/kl") if k is not None), default=None),
             "seconds": max((r.get("time", 0.0) for r in rows), default=None)}
-
-
-def mean_se(xs: list[float]) -> dict[str, Any]:
-    return {"mean": round(statistics.mean(xs), 4),
-            "stderr": round(statistics.stdev(xs) / math.sqrt(len(xs)), 4) if len(xs) > 1 else None, "n": len(xs)}
 
 
 def summarize(runs: dict[int, dict[str, Any]]) -> dict[str, Any]:
