@@ -34,7 +34,7 @@ from agentrl.health.interventions import Knobs
 from agentrl.loss import policy_loss
 from agentrl.mismatch import capped_ratio, correction, loss_terms
 from agentrl.mismatch import stats as mismatch_stats
-from agentrl.policy import MIN_SHARED_HEAD, Policy, adamw, add_lora, shards_weights, token_stats
+from agentrl.policy import MIN_SHARED_HEAD, Policy, adamw, add_lora, pass_tokens, shards_weights, token_stats
 from agentrl.store import TurnBatch, segment_batch, to_episodes
 
 
@@ -49,6 +49,8 @@ class Learner:
         self.cfg, self.policy, self.accelerator, self.ranks, self.knobs = cfg, policy, accelerator, ranks, knobs
         # distillation's teacher (agentrl.teacher: frozen, the student's tokenizer), scored like the reference
         self.teacher = teacher.model if teacher is not None else None
+        # padded tokens a forward may take (optim.micro_batch_tokens); by the model's shape where not set
+        self.micro_tokens = cfg.optim.micro_batch_tokens or min(16384, pass_tokens(policy.model))
         if cfg.optim.lora.r:
             policy.model = add_lora(policy.model, cfg.optim.lora)
             self.reference = None
@@ -75,7 +77,7 @@ class Learner:
 
     def optimize(self, batch: TurnBatch, credit: Credit, owner: torch.Tensor | None = None) -> dict[str, float]:
         """`ppo_epochs` passes of `minibatches` optimizer steps over the rows the credit keeps. Each minibatch
-        runs as micro-batches of similar-length rows (`micro_batch_tokens` padded tokens each), each loss
+        runs as micro-batches of similar-length rows (`micro_tokens` padded tokens each), each loss
         weighted by its share of the minibatch's aggregate: the summed gradient is the minibatch's, and no row
         is padded to a longer one outside its micro-batch.
 
@@ -203,7 +205,7 @@ class Learner:
         own = segment_batch(batch.select(rows))  # rows are segments where a template rewrote the history
         scored = out if own.seg_row is None else torch.zeros(own.input_ids.shape, dtype=torch.float32)
         parts: list[torch.Tensor | None] = \
-            own.micro_batches(self.cfg.optim.micro_batch_tokens, self.share_heads > 0) if own.size else []
+            own.micro_batches(self.micro_tokens, self.share_heads > 0) if own.size else []
         if owner is not None and shards_weights(model):  # every forward gathers weights: as many on every rank
             parts += [None] * (max(self.ranks.gather(len(parts))) - len(parts))
         with torch.inference_mode(), self.accelerator.autocast():
@@ -290,7 +292,7 @@ class _Lockstep:
     def micro_batches(self, own: TurnBatch) -> list[torch.Tensor | None]:
         """This rank's micro-batches of its rows `own`, padded with `None` to the busiest rank's count."""
         parts: list[torch.Tensor | None] = \
-            own.micro_batches(self.learner.cfg.optim.micro_batch_tokens, self.learner.share_heads > 0) \
+            own.micro_batches(self.learner.micro_tokens, self.learner.share_heads > 0) \
             if own.size else []
         if self.ranks.world > 1 and not self.by_hand:
             parts += [None] * (max(self.ranks.gather(len(parts))) - len(parts))

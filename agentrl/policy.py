@@ -169,6 +169,23 @@ def shards_weights(model: torch.nn.Module) -> bool:
     return isinstance(model, (FullyShardedDataParallel, FSDPModule)) or type(model).__name__ == "DeepSpeedEngine"
 
 
+ACTIVATION_BUDGET = 4 * 2**30  # bytes of activations a training forward may keep for its backward
+
+
+def pass_tokens(model: torch.nn.Module, budget: int = ACTIVATION_BUDGET) -> int:
+    """Padded tokens one training forward may take so that the activations kept for the backward stay near
+    `budget`: an estimate of ~10 hidden-width and ~4 MLP-width fp32 vectors a token a layer (SmolLM2-135M: 30
+    layers of 576 and 1,536, ~1.4 MB a token, so ~3,000 tokens in 4 GiB). A model without those config fields
+    gets 16,384, the RL learner's most (`optim.micro_batch_tokens`)."""
+    c = getattr(model, "config", None)
+    layers, hidden = getattr(c, "num_hidden_layers", None), getattr(c, "hidden_size", None)
+    if not isinstance(layers, int) or not isinstance(hidden, int):
+        return 16384
+    inner = getattr(c, "intermediate_size", None) or 4 * hidden
+    per_token = layers * (10 * hidden + 4 * inner) * 4
+    return max(512, budget // per_token)
+
+
 MIN_SHARED_HEAD = 16  # prompt tokens a shared forward must save to be worth its extra call (the engine's prefill: 16)
 
 

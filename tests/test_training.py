@@ -55,6 +55,19 @@ def test_micro_batched_gradient_equals_the_whole_minibatch(tmp_path, vault_polic
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
+def test_micro_batch_tokens_unset_follow_the_models_activation_budget(tmp_path, vault_policy_dir, monkeypatch):
+    """optim.micro_batch_tokens None: 16384, or what the model's activations allow where that is fewer (SmolLM2:
+    3006, pass_tokens by hand in tests/stages); a value set is kept, even above the budget."""
+    from agentrl import learner
+
+    tiny = Trainer(small_config(tmp_path / "tiny", vault_policy_dir))
+    assert tiny.cfg.optim.micro_batch_tokens is None and tiny.learner.micro_tokens == 16384  # tiny: room for more
+    monkeypatch.setattr(learner, "pass_tokens", lambda model: 3006)  # a model the size of SmolLM2-135M
+    assert Trainer(small_config(tmp_path / "big", vault_policy_dir)).learner.micro_tokens == 3006
+    kept = Trainer(small_config(tmp_path / "set", vault_policy_dir, optim={"micro_batch_tokens": 20000}))
+    assert kept.learner.micro_tokens == 20000
+
+
 def test_lora_trains_adapters_only_against_the_base_model(tmp_path, vault_policy_dir):
     cfg = small_config(tmp_path, vault_policy_dir, optim={"lr": 1e-2, "minibatches": 1, "lora": {"r": 4}})
     base = Policy.load(vault_policy_dir).model

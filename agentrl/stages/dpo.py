@@ -28,8 +28,7 @@ import torch.nn.functional as F
 
 from agentrl.config import DPOConfig, PrefLoss
 from agentrl.core import Episode
-from agentrl.policy import adamw, token_stats
-from agentrl.stages.sft import pass_tokens
+from agentrl.policy import adamw, pass_tokens, token_stats
 from agentrl.store import make_batch, segment_batch
 
 LOG = logging.getLogger(__name__)

@@ -26,7 +26,15 @@ from agentrl.context import ContextConfig, after_summary, get_policy
 from agentrl.core import AgentEnv, Episode
 from agentrl.engines.base import ScriptedEngine
 from agentrl.log import duration
-from agentrl.policy import MIN_SHARED_HEAD, Policy, adamw, build_tiny_policy, render_corpus_text, token_stats
+from agentrl.policy import (
+    MIN_SHARED_HEAD,
+    Policy,
+    adamw,
+    build_tiny_policy,
+    pass_tokens,
+    render_corpus_text,
+    token_stats,
+)
 from agentrl.rollout import rollout
 from agentrl.store import make_batch, segment_batch
 
@@ -132,23 +140,6 @@ def sft_loss(logp: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
     """Token-mean negative log-likelihood of the action tokens (`logp[:, t]` scores token t, as `token_stats`
     gives it); prompt and observation tokens are not targets."""
     return -(logp * action_mask).sum() / action_mask.sum().clamp(min=1)
-
-
-ACTIVATION_BUDGET = 4 * 2**30  # bytes of activations a training forward may keep for its backward
-
-
-def pass_tokens(model: torch.nn.Module, budget: int = ACTIVATION_BUDGET) -> int:
-    """Padded tokens one training forward may take so that the activations kept for the backward stay near
-    `budget`: an estimate of ~10 hidden-width and ~4 MLP-width fp32 vectors a token a layer (SmolLM2-135M: 30
-    layers of 576 and 1,536, ~1.4 MB a token, so ~3,000 tokens in 4 GiB). A model without those config fields
-    gets 16,384, the RL learner's default (`optim.micro_batch_tokens`)."""
-    c = getattr(model, "config", None)
-    layers, hidden = getattr(c, "num_hidden_layers", None), getattr(c, "hidden_size", None)
-    if not isinstance(layers, int) or not isinstance(hidden, int):
-        return 16384
-    inner = getattr(c, "intermediate_size", None) or 4 * hidden
-    per_token = layers * (10 * hidden + 4 * inner) * 4
-    return max(512, budget // per_token)
 
 
 def sft(

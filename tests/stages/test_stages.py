@@ -376,7 +376,7 @@ def test_dpo_in_micro_batches_takes_the_same_steps_as_whole_batches(vault_policy
 def test_pass_tokens_by_hand():
     from types import SimpleNamespace
 
-    from agentrl.stages.sft import pass_tokens
+    from agentrl.policy import pass_tokens
 
     smollm2 = SimpleNamespace(config=SimpleNamespace(num_hidden_layers=30, hidden_size=576, intermediate_size=1536))
     # 30 layers x (10 x 576 + 4 x 1536) x 4 bytes = 30 x 11,904 x 4 = 1,428,480 bytes a token; 4 GiB / that = 3006.6
