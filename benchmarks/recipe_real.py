@@ -25,7 +25,10 @@ The families, and why these two:
 - `textworld` (not in the default: name it): generated TextWorld games (`agentrl/TextWorld-v0`, quest length 2,
   3 rooms, 5 objects), 64 games a split from TextWorld's own seeds (held out: the pool from 2**31), scored by the
   game's own state (won is a pass). The stand-in the issue asks for should BFCL not leave 0 after SFT at this
-  model size: its episodes are short (~430 tokens, 2 expert turns), so 3 seeds x 3 arms fit beside RG-Chain.
+  model size: its expert's episodes are short (~430 tokens, 2 turns). The policy's are not: a failing one runs to
+  the 6-turn limit, and DPO (8 pairs a step) and RL (16,384 tokens a micro-batch) on them each outgrew 24 GB until
+  both were bounded by the model's shape (`dpo.max_batch_tokens`, `optim.micro_batch_tokens`). Measured here: SFT
+  ~14 min, DPO ~8 min, an RL update ~70 s.
 
 The turn-level assigners (`turn-ppo`, `gigpo`) run against grpo on the longer family that trains, with the same budget
 (updates, groups, group size) from the same DPO model. BFCL is the longest (its expert plays 7.2 policy turns an
