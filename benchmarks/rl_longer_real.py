@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = parser(__doc__, quick="the tiny policy, seed 0, 4 updates held out every 2 (a minute or two)")
     ap.add_argument("--family", choices=list(recipe_real.FAMILIES), default="rg-chain")
     ap.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0 1 2; --quick 0")
-    ap.add_argument("--updates", type=int, default=None, help="default 40; --quick 4")
+    ap.add_argument("--updates", type=int, default=None, help="default 40; --quick 4 (at least 1)")
     ap.add_argument("--eval-every", type=int, default=None, help="default 10; --quick 2")
     ap.add_argument("--sft-from", default="runs/recipe-real", help="recipe_real's --out: its SFT models, per seed")
     ap.add_argument("--out", default="runs/rl-longer-real")
@@ -122,9 +122,9 @@ def summarize(runs: dict[int, dict[str, Any]]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     quick = args.quick
-    args.seeds = args.seeds or ([0] if quick else [0, 1, 2])
-    args.updates = args.updates or (4 if quick else 40)
-    args.eval_every = args.eval_every or (2 if quick else 10)
+    for name, small, full in (("seeds", [0], [0, 1, 2]), ("updates", 4, 40), ("eval_every", 2, 10)):
+        if getattr(args, name) is None:  # an explicit 0 is the user's (and TrainConfig judges it)
+            setattr(args, name, small if quick else full)
     suffix = "-quick" if quick else ""
     sft_root, out = Path(args.sft_from + suffix), Path(args.out + suffix)
     runs: dict[int, dict[str, Any]] = {}
