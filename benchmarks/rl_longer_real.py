@@ -61,8 +61,14 @@ def stage_config(args: argparse.Namespace, seed: int, sft: Path, folder: Path) -
     return rc, cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"every": args.eval_every})})
 
 
+# Fields that change where a run writes or how much memory a step takes, never what it computes: the learner's
+# micro-batches add up to the minibatch's gradient (tests/test_training.py), so a run made under the old fixed
+# 16,384-token micro-batch is the same run as one under today's model-shaped default.
+NOT_THE_RUN = {"out": True, "optim": {"micro_batch_tokens"}}
+
+
 def finished(cfg: Any, folder: Path) -> bool:
-    """Has `folder` a finished run of exactly `cfg` (its config.yaml, the output folder aside)?"""
+    """Has `folder` a finished run of `cfg` (its config.yaml, the fields in NOT_THE_RUN aside)?"""
     import yaml
 
     from agentrl.config import TrainConfig
@@ -70,7 +76,7 @@ def finished(cfg: Any, folder: Path) -> bool:
     if not (folder / "summary.json").is_file() or not (folder / "config.yaml").is_file():
         return False
     done = TrainConfig(**yaml.safe_load((folder / "config.yaml").read_text()))
-    return done.model_dump(exclude={"out"}) == cfg.model_dump(exclude={"out"})
+    return done.model_dump(exclude=NOT_THE_RUN) == cfg.model_dump(exclude=NOT_THE_RUN)
 
 
 def run_record(folder: Path) -> dict[str, Any]:

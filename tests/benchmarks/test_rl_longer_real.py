@@ -42,6 +42,10 @@ def test_a_finished_run_of_the_same_config_is_read_and_another_is_not(tmp_path):
     (run / "summary.json").write_text("{}")
     assert bench.finished(cfg, run)  # the output folder aside, the same run
     assert not bench.finished(cfg.model_copy(update={"updates": 39}), run)
+    assert not bench.finished(cfg.model_copy(update={"optim": cfg.optim.model_copy(update={"lr": 2 * cfg.optim.lr})}), run)
+    # a memory knob: micro-batches add up to the same gradient, so the run is the same one
+    assert bench.finished(cfg.model_copy(update={"optim": cfg.optim.model_copy(update={"micro_batch_tokens": 512})}),
+                          run)
 
 
 def write_metrics(folder: Path, rows: list[dict]) -> Path:
