@@ -42,10 +42,12 @@ def test_a_finished_run_of_the_same_config_is_read_and_another_is_not(tmp_path):
     (run / "summary.json").write_text("{}")
     assert bench.finished(cfg, run)  # the output folder aside, the same run
     assert not bench.finished(cfg.model_copy(update={"updates": 39}), run)
-    assert not bench.finished(cfg.model_copy(update={"optim": cfg.optim.model_copy(update={"lr": 2 * cfg.optim.lr})}), run)
-    # a memory knob: micro-batches add up to the same gradient, so the run is the same one
-    assert bench.finished(cfg.model_copy(update={"optim": cfg.optim.model_copy(update={"micro_batch_tokens": 512})}),
-                          run)
+
+    def with_optim(**change):
+        return cfg.model_copy(update={"optim": cfg.optim.model_copy(update=change)})
+
+    assert not bench.finished(with_optim(lr=2 * cfg.optim.lr), run)
+    assert bench.finished(with_optim(micro_batch_tokens=512), run)  # a memory knob: the same gradient, the same run
 
 
 def write_metrics(folder: Path, rows: list[dict]) -> Path:
