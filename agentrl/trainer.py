@@ -51,6 +51,7 @@ from agentrl.health.alarms import check, stops
 from agentrl.health.interventions import Action, Knobs, plan
 from agentrl.health.warm_start import warm_start_advice
 from agentrl.learner import Learner, is_weight, nothing_to_train
+from agentrl.memory import MemoryWatch
 from agentrl.monitor import Monitor
 from agentrl.policy import Policy
 from agentrl.run_folder import CHECKPOINTS, RunFolder, distributed_kind, read_json, refuse_sharded
@@ -113,6 +114,8 @@ class Trainer:
                              "process rolls out whole groups, so give it at least one group per process")
         self.folder = RunFolder(cfg, ranks, self.decisions, resume, overwrite, monitor)
         self.out, self.monitor = self.folder.out, self.folder.monitor
+        self.memory = MemoryWatch("optim.micro_batch_tokens (the learner's) or rollout.groups",
+                                  say=lambda m: self.monitor.say(f"[yellow]warning[/yellow]: {m}"))
         self.monitor.say(f"run folder: {self.out}" + (f" ({ranks.world} processes)" if ranks.world > 1 else ""))
         for s in self.sources:
             if overlaps_training(s, cfg):
@@ -301,6 +304,7 @@ class Trainer:
             self._sync_step(update, ahead)
             metrics["time/rollout_s"] = t_roll
             metrics["time/update_s"] = time.perf_counter() - t0
+            metrics.update(self.memory())
             self._eval_step(update, metrics)
             saved = self._log_step(update, metrics)
             if saved:

@@ -84,6 +84,7 @@ def test_tiny_run_updates_every_parameter_and_writes_the_run_folder(tmp_path, va
                     "train/grad_norm"):
             assert key in r and r[key] == r[key], key  # present and not NaN
         assert torch.isfinite(torch.tensor(r["train/loss"]))
+        assert r["sys/rss_peak_gb"] > 0.1  # the process's peak memory (agentrl.memory): torch alone is more
     assert {"warm_start_pass_rate", "final_pass_rate"} <= set(summary)
     assert json.loads((run / "summary.json").read_text())["final_pass_rate"] == summary["final_pass_rate"]
     assert (run / "config.yaml").is_file() and (run / "checkpoint" / "config.json").is_file()

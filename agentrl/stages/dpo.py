@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from agentrl.config import DPOConfig, PrefLoss
 from agentrl.core import Episode
+from agentrl.memory import MemoryWatch
 from agentrl.policy import adamw, pass_tokens, token_stats
 from agentrl.store import make_batch, segment_batch
 
@@ -160,6 +161,7 @@ def train_preferences(
     order = list(range(len(pairs)))
     model.train()
     t0, step, agg = time.perf_counter(), 0, {}
+    memory = MemoryWatch("dpo.max_batch_tokens", say=LOG.warning)
     for epoch in range(cfg.epochs):
         rng.shuffle(order)
         for i in range(0, len(order), cfg.batch_pairs):
@@ -178,6 +180,7 @@ def train_preferences(
             opt.step()
             step += 1
             agg = stats
+            memory()
             if log is not None:
                 log({"dpo/step": step, "dpo/epoch": epoch, **{f"dpo/{k}": v for k, v in stats.items()}})
         # one line an epoch, with the time left: a stage that runs a minute must not run silently

@@ -26,6 +26,7 @@ from agentrl.context import ContextConfig, after_summary, get_policy
 from agentrl.core import AgentEnv, Episode
 from agentrl.engines.base import ScriptedEngine
 from agentrl.log import duration
+from agentrl.memory import MemoryWatch
 from agentrl.policy import (
     MIN_SHARED_HEAD,
     Policy,
@@ -190,6 +191,7 @@ def sft(
             order, first, step, loss_ema, tokens = state["order"], state["epoch"] + 1, state["step"], state["loss"], 0
             LOG.info("sft: resuming after epoch %d of %d (%s)", first, epochs, resume_path)
     skipped = step  # steps a resumed run does not run again: its rate and ETA count only the ones it runs
+    memory = MemoryWatch("sft.max_batch_tokens", say=LOG.warning)
     for epoch in range(first, epochs):
         rng.shuffle(order)
         for i in range(0, len(order), batch_size):
@@ -213,6 +215,7 @@ def sft(
             step += 1
             tokens += int(b.attention_mask.sum())
             loss_ema = loss if loss_ema is None else 0.9 * loss_ema + 0.1 * loss
+            memory()
             if log is not None:
                 elapsed = time.perf_counter() - t0
                 log({"sft/step": step, "sft/steps": steps, "sft/epoch": epoch, "sft/loss": loss_ema,
