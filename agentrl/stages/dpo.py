@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from agentrl.config import DPOConfig, PrefLoss
 from agentrl.core import Episode
 from agentrl.memory import MemoryWatch
-from agentrl.policy import adamw, pass_tokens, token_stats
+from agentrl.policy import MIN_SHARED_HEAD, adamw, pass_tokens, token_stats
 from agentrl.store import make_batch, segment_batch
 
 LOG = logging.getLogger(__name__)
@@ -101,10 +101,14 @@ def pairs_from_episodes(episodes: Sequence[Episode], max_per_group: int = 4,
 
 
 def _seq_logps(model: torch.nn.Module, episodes: list[Episode], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each episode's summed action log-prob and its action tokens, in one forward. The output layer runs at the
+    action positions only (on SmolLM2 the vocabulary's logits at every position cost more memory than a token's
+    layers), and episodes that begin alike run their common head once: a pair's two sides are the same task's."""
     batch = segment_batch(make_batch(episodes, pad_id))  # segments: summed back into their episode below
     device = next(model.parameters()).device
-    lp = token_stats(model, batch.input_ids.to(device), batch.attention_mask.to(device)).logp
     mask = batch.action_mask.to(device)
+    lp = token_stats(model, batch.input_ids.to(device), batch.attention_mask.to(device), only=mask,
+                     share_heads=MIN_SHARED_HEAD).logp
     logp, tokens = sequence_logp(lp, mask), mask.sum(1)
     if batch.seg_row is None:
         return logp, tokens
@@ -114,25 +118,24 @@ def _seq_logps(model: torch.nn.Module, episodes: list[Episode], pad_id: int) -> 
 
 
 def micro_pairs(chunk: Sequence[tuple[Episode, Episode]], max_tokens: int) -> list[list[tuple[Episode, Episode]]]:
-    """`chunk`'s pairs, in order, as runs whose forward fits `max_tokens` padded tokens: k pairs cost k times the
-    longest chosen plus k times the longest rejected episode (the two sides are two padded batches, both kept for
-    the backward). A pair longer than the cap runs alone.
+    """`chunk`'s pairs, in order, as runs whose forward fits `max_tokens` padded tokens: k pairs are one batch of
+    2k episodes padded to the longest (`_pairs_loss`), so they cost 2k times it. A pair longer than the cap runs
+    alone.
 
     >>> ep = lambda n: Episode(list(range(n)), [])
     >>> [len(run) for run in micro_pairs([(ep(100), ep(60))] * 3 + [(ep(300), ep(10))], 400)]
     [2, 1, 1]
     """
     runs: list[list[tuple[Episode, Episode]]] = []
-    longest = (0, 0)
+    longest = 0
     for pair in chunk:
-        lengths = (len(pair[0].token_ids()), len(pair[1].token_ids()))
-        grown = (max(longest[0], lengths[0]), max(longest[1], lengths[1]))
-        if runs and (len(runs[-1]) + 1) * sum(grown) <= max_tokens:
+        length = max(len(pair[0].token_ids()), len(pair[1].token_ids()))
+        if runs and 2 * (len(runs[-1]) + 1) * max(longest, length) <= max_tokens:
             runs[-1].append(pair)
-            longest = grown
+            longest = max(longest, length)
         else:
             runs.append([pair])
-            longest = lengths
+            longest = length
     return runs
 
 
@@ -196,15 +199,14 @@ def train_preferences(
 def _pairs_loss(model: torch.nn.Module, reference: torch.nn.Module | None, run: list[tuple[Episode, Episode]],
                 pad_id: int, cfg: DPOConfig) -> tuple[torch.Tensor, dict[str, float]]:
     """The mean preference loss over `run`'s pairs (with RPO's NLL term), and its statistics."""
-    chosen, rejected = [c for c, _ in run], [r for _, r in run]
-    s_c, n_c = _seq_logps(model, chosen, pad_id)
-    s_r, n_r = _seq_logps(model, rejected, pad_id)
+    k, both = len(run), [c for c, _ in run] + [r for _, r in run]  # one forward: the sides share their prompts
+    s, n = _seq_logps(model, both, pad_id)
+    (s_c, s_r), (n_c, n_r) = s.split(k), n.split(k)
     ref_c = ref_r = None
     if cfg.loss != "simpo":
         with torch.inference_mode():
-            ref_c, _ = _seq_logps(reference, chosen, pad_id)
-            ref_r, _ = _seq_logps(reference, rejected, pad_id)
-        ref_c, ref_r = ref_c.clone(), ref_r.clone()
+            ref, _ = _seq_logps(reference, both, pad_id)
+        ref_c, ref_r = ref.clone().split(k)
     loss, stats = preference_loss(s_c, s_r, ref_c, ref_r, cfg.loss, cfg.resolved_beta, cfg.simpo_gamma, n_c, n_r)
     if cfg.nll_weight > 0:
         nll = (-s_c / n_c.clamp(min=1)).mean()

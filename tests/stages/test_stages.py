@@ -360,7 +360,7 @@ def test_dpo_in_micro_batches_takes_the_same_steps_as_whole_batches(vault_policy
     assert len(pairs) == 8
     reference = copy.deepcopy(whole.model).eval().requires_grad_(False)
     kw = dict(epochs=2, lr=0.05, batch_pairs=6)  # steps of 6 and 2 pairs: unequal shares
-    cap = max(len(c.token_ids()) + len(r.token_ids()) for c, r in pairs)
+    cap = 2 * max(len(e.token_ids()) for pair in pairs for e in pair)  # a pair is 2 rows of its longer side
     assert [len(run) for run in micro_pairs(pairs[:6], cap)] == [1] * 6  # two pairs never fit: one pair a pass
     a = train_preferences(whole.model, reference, pairs, whole.chat.pad_id,
                           DPOConfig(max_batch_tokens=10**6, **kw), seed=1)
@@ -371,6 +371,28 @@ def test_dpo_in_micro_batches_takes_the_same_steps_as_whole_batches(vault_policy
         assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
     for (name, x), y in zip(whole.model.state_dict().items(), split.model.state_dict().values()):
         assert torch.allclose(x, y, atol=1e-5, rtol=1e-4), name
+
+
+def test_dpo_sequence_logps_are_the_plain_forwards(vault_policy_dir):
+    """_seq_logps runs the output layer at the action tokens only and a pair's shared prompt once; each episode's
+    sum must still be the plain forward's: the whole model's logits, log-softmax, the log-prob of each action token
+    summed here, one episode at a time (no padding, no sharing)."""
+    from agentrl.policy import MIN_SHARED_HEAD, Policy, SharedHeads
+    from agentrl.stages.dpo import _seq_logps, pairs_from_episodes
+
+    policy = Policy.load(vault_policy_dir)
+    pairs, _ = pairs_from_episodes(scripted_groups(PIPELINE_CFG, policy, 2, 4, 0), 4, 0)
+    both = [c for c, _ in pairs[:3]] + [r for _, r in pairs[:3]]
+    b = make_batch(both, policy.chat.pad_id)
+    assert SharedHeads.find(b.input_ids, b.attention_mask, b.action_mask, MIN_SHARED_HEAD) is not None  # shared
+    got, tokens = _seq_logps(policy.model, both, policy.chat.pad_id)
+    for i, e in enumerate(both):
+        ids, acted = torch.tensor([e.token_ids()]), e.action_mask()
+        with torch.no_grad():
+            logp = torch.log_softmax(policy.model(input_ids=ids).logits[0].float(), -1)
+        by_hand = sum(logp[t - 1, ids[0, t]].item() for t in range(1, ids.shape[1]) if acted[t])
+        assert got[i].item() == pytest.approx(by_hand, rel=1e-5, abs=1e-4), i
+        assert tokens[i].item() == sum(acted)
 
 
 def test_pass_tokens_by_hand():
