@@ -36,14 +36,25 @@ UNMARKED: set[str] = set()
 
 
 def lookup(data: object, key: str) -> object:
-    """`data` at a dotted path: dict keys by name, list items by index."""
-    for part in key.split("."):
+    """`data` at a dotted path: dict keys by name, list items by index. A dict key that holds dots itself (a
+    learning rate, `lr=1e-3.5`-like names) is matched whole: at a dict, the longest run of parts that names a
+    key wins.
+
+    >>> lookup({"a": [{"lr=0.5": {"b": 2}}]}, "a.0.lr=0.5.b")
+    2
+    """
+    parts = key.split(".")
+    i = 0
+    while i < len(parts):
         if isinstance(data, list):
-            data = data[int(part)]
+            data, i = data[int(parts[i])], i + 1
         elif isinstance(data, dict):
-            data = data[part]
+            j = next((j for j in range(len(parts), i, -1) if ".".join(parts[i:j]) in data), None)
+            if j is None:
+                raise KeyError(parts[i])
+            data, i = data[".".join(parts[i:j])], j
         else:
-            raise KeyError(part)
+            raise KeyError(parts[i])
     return data
 
 
@@ -115,6 +126,14 @@ def test_a_planted_mismatch_fails():
     assert "no key" in check_figures("1.0<!-- figure: multi_turn.json no_such_key -->", "x")[1][0]
     assert "no such JSON" in check_figures("1.0<!-- figure: nothing.json ratio -->", "x")[1][0]
     assert "no figure" in check_figures("the ratio<!-- figure: multi_turn.json ratio -->", "x")[1][0]
+
+
+def test_a_key_that_holds_dots_is_found_whole(tmp_path):
+    (tmp_path / "lrs.json").write_text(json.dumps({"runs": [{"lr=0.5": {"pass": 0.25}, "lr": {"0": {"5": 9}}}]}))
+    assert lookup(json.loads((tmp_path / "lrs.json").read_text()), "runs.0.lr=0.5.pass") == 0.25
+    assert lookup({"lr": {"0": {"5": 9}}, "lr.0": {"5": 7}}, "lr.0.5") == 7  # the longest key that exists wins
+    assert check_figures("0.25<!-- figure: lrs.json runs.0.lr=0.5.pass -->", "x", results=tmp_path)[1] == []
+    assert "no key" in check_figures("0.25<!-- figure: lrs.json runs.0.lr=0.6.pass -->", "x", results=tmp_path)[1][0]
 
 
 def test_the_readmes_headline_figures_are_marked():
