@@ -19,12 +19,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from agentrl.gateway.session import Call, CallError, Reply, check_tools
+from agentrl.gateway.session import TURN_KINDS, Call, CallError, Reply, check_tools
+
+KIND_KEY = "agentrl_kind"  # in a request's `metadata`: what the call is (TURN_KINDS)
 
 
 class ChatRequest(BaseModel):
     """The fields of a chat-completions request that the gateway reads; others are accepted and ignored
-    (clients send `user`, `metadata`, `parallel_tool_calls`, `seed`, `store`, ...)."""
+    (clients send `user`, `parallel_tool_calls`, `seed`, `store`, ...). Of `metadata` (OpenAI's: string values)
+    it reads one key, `agentrl_kind`: "summary" marks an agent's own summariser's call."""
 
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
@@ -40,6 +43,7 @@ class ChatRequest(BaseModel):
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -73,7 +77,11 @@ class ChatRequest(BaseModel):
                 raise CallError(f"messages[{i}] must be an object with a role", param=f"messages[{i}]")
         limit = self.max_completion_tokens or self.max_tokens
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-        return Call(list(self.messages), tools, self.tool_choice or "auto", limit, stop)
+        kind = (self.metadata or {}).get(KIND_KEY, "action")
+        if kind not in TURN_KINDS:
+            raise CallError(f"metadata.{KIND_KEY} is {str(kind)[:40]!r}: one of {', '.join(TURN_KINDS)}",
+                            param=f"metadata.{KIND_KEY}")
+        return Call(list(self.messages), tools, self.tool_choice or "auto", limit, stop, kind)
 
     def sampling(self) -> dict[str, Any]:
         return {"temperature": self.temperature, "top_p": self.top_p}

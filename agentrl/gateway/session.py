@@ -27,6 +27,9 @@ from agentrl.engines.base import Generation
 TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # what an OpenAI function name may be
 
 
+TURN_KINDS = ("action", "summary")  # agentrl.core.Turn.kind
+
+
 class CallError(ValueError):
     """A call the session cannot serve, said as the client should read it; `code` is OpenAI's error code."""
 
@@ -41,13 +44,16 @@ class Call:
     """One chat call, in the wire format's terms already checked for shape (`openai_api`).
 
     `messages` are OpenAI chat messages; `tools` OpenAI function schemas. `max_tokens` None: the run's
-    own cap; `stop`: strings that end the completion where they first appear."""
+    own cap; `stop`: strings that end the completion where they first appear. `kind`: what the agent says the
+    call is (`TURN_KINDS`): "summary" for its own summariser's calls, which `rollout.context.mask_summary` leaves
+    out of the loss as it does an env's summaries."""
 
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] = field(default_factory=list)
     tool_choice: Any = "auto"
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
+    kind: str = "action"
 
 
 @dataclass
@@ -290,7 +296,7 @@ class AgentSession:
         good = [c for c in parsed if c.error is None and c.name is not None]
         ep.turns.append(Turn(self.layout, ids, logprobs, [], action=text, malformed=len(parsed) - len(good),
                              hidden=gen.hidden, segment_context=list(plan.context) if plan.new_segment else None,
-                             policy_version=self.version))
+                             policy_version=self.version, kind=call.kind))
         self.layout += len(ids)
         self.seq = plan.context + ids
         # the engine's row holds every sampled id unless the reply cut some (max_tokens, stop)

@@ -187,6 +187,25 @@ def test_bad_calls_are_refused_with_what_and_where(chat):
         s.plan(Call([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]))
 
 
+def test_a_call_the_agent_marks_as_its_summary_is_a_summary_turn_that_mask_summary_leaves_out(served, chat):
+    """An agent's own summariser says so in `metadata` (OpenAI's field, which the SDK sends as is): the turn is
+    recorded with kind "summary", and rollout.context.mask_summary leaves exactly its tokens out of the loss."""
+    from agentrl.store import make_batch
+
+    gateway, server = served
+    name = gateway.open_session(group_id=0, task_id="t", seed=0)
+    client = client_for(gateway, server, name)
+    msgs = [{"role": "user", "content": "What is 13 + 24?"}]
+    client.chat.completions.create(model="m", messages=msgs)
+    client.chat.completions.create(model="m", messages=msgs + [{"role": "user", "content": "Summarise."}],
+                                   metadata={"agentrl_kind": "summary"})
+    client.chat.completions.create(model="m", messages=[{"role": "system", "content": "Summary: asked 13 + 24"}])
+    ep = gateway.end(name, 1.0)
+    assert [t.kind for t in ep.turns] == ["action", "summary", "action"]
+    kept, masked = make_batch([ep], chat.pad_id), make_batch([ep], chat.pad_id, mask_summary=True)
+    assert int(kept.action_mask.sum() - masked.action_mask.sum()) == len(ep.turns[1].action_ids) > 0
+
+
 # -- HTTP: the openai SDK, raw requests ---------------------------------------------------------------
 
 
@@ -249,6 +268,8 @@ def hostile(url: str, token: str) -> list[tuple[str, dict, int]]:
         ("max_tokens 0", body(max_tokens=0), 400),
         ("temperature 7", body(temperature=7), 400),
         ("five stops", body(stop=["a", "b", "c", "d", "e"]), 400),
+        ("a call kind the gateway does not know", body(metadata={"agentrl_kind": "plan"}), 400),
+        ("metadata that is not an object", body(metadata="summary"), 400),
         ("tool_choice names a tool not offered", body(tools=TOOLS_(), tool_choice={"type": "function",
                                                                                    "function": {"name": "rm"}}), 400),
         ("a tool name the model cannot write", body(tools=[{"type": "function", "function": {"name": "a b"}}]), 400),
