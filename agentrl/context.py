@@ -77,7 +77,8 @@ class ContextConfig(BaseModel):
         256, ge=1, description="summarize: the summary is cut to this many tokens (at most the sampling's "
         "max_new_tokens): long enough for a few dozen facts, short enough to leave most of the budget to the task.")
     mask_summary: bool = Field(
-        False, description="summarize: leave the summary's tokens out of the loss (action mask 0). Off by default: "
+        False, description="summarize, or an agent behind the gateway that marks its summariser's calls "
+        "(metadata agentrl_kind=summary): leave the summary's tokens out of the loss (action mask 0). Off by default: "
         "a summary trained as an action learns to keep what the reward needs; masked summaries were reported to "
         "collapse (CompactionRL). On to reproduce or refute that.")
     stub: str = Field(DEFAULT_STUB, description="drop-observations: what replaces a dropped tool result.")
