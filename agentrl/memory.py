@@ -23,7 +23,14 @@ CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/
 
 
 def peak_rss_bytes() -> int:
-    """This process's peak resident memory (getrusage: KiB on Linux, bytes on macOS)."""
+    """This process's peak resident memory: the kernel's VmHWM where /proc has it (it starts afresh at exec, while
+    getrusage's peak can keep the forking parent's), else getrusage (KiB on Linux, bytes on macOS)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak) if sys.platform == "darwin" else int(peak) * 1024
 

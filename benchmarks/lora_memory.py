@@ -33,12 +33,9 @@ def _bytes(tensors) -> int:
 
 
 def _peak_rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    import resource
+    from agentrl.memory import peak_rss_bytes  # VmHWM, as this benchmark always read
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return peak_rss_bytes() / 2**20
 
 
 def worker(args: argparse.Namespace) -> None:
