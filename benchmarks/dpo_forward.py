@@ -86,16 +86,20 @@ def quick_model_and_pairs(n: int) -> tuple[object, int, list]:
     return model, 0, pairs
 
 
-def real_model_and_pairs(args: argparse.Namespace, n: int) -> tuple[object, int, list]:
-    from agentrl.policy import Policy
-    from agentrl.stages.dpo import pairs_from_episodes
-    from agentrl.store import TrajectoryStore
-
+def check_inputs(args: argparse.Namespace) -> None:
+    """The model and store folders exist (asked before any arm starts, so a typo costs no process)."""
     for path, what in ((args.model, "--model"), (args.store, "--store")):
         if not Path(path).exists():
             raise SystemExit(f"{what} {path} does not exist: run recipe_real's TextWorld arms first "
                              "(python benchmarks/recipe_real.py --families textworld --arms sft+dpo+rl --seeds 0), "
                              "name other folders, or use --quick")
+
+
+def real_model_and_pairs(args: argparse.Namespace, n: int) -> tuple[object, int, list]:
+    from agentrl.policy import Policy
+    from agentrl.stages.dpo import pairs_from_episodes
+    from agentrl.store import TrajectoryStore
+
     policy = Policy.load(args.model)
     pairs, counts = pairs_from_episodes(list(TrajectoryStore.load(args.store)), 4, 0)
     if len(pairs) < n:
@@ -138,13 +142,17 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.quick:
         args.steps, args.pairs = min(args.steps, 2), min(args.pairs, 4)
+    else:
+        check_inputs(args)
     arms = {}
     with tempfile.TemporaryDirectory() as tmp:
         for arm in ("plain", "sparse"):
             out = Path(tmp) / f"{arm}.json"
             cmd = [sys.executable, __file__, "--arm", arm, "--worker-out", str(out), "--model", args.model,
                    "--store", args.store, "--steps", str(args.steps), "--pairs", str(args.pairs)]
-            subprocess.run(cmd + (["--quick"] if args.quick else []), check=True)
+            rc = subprocess.run(cmd + (["--quick"] if args.quick else [])).returncode
+            if rc != 0:  # the worker said why above (too few pairs, a model that does not load, memory: 137)
+                raise SystemExit(f"the {arm} arm failed (exit status {rc}); nothing was written")
             arms[arm] = json.loads(out.read_text())
             print(f"{arm}: {arms[arm]['seconds']:.1f} s for {arms[arm]['steps']} steps, peak "
                   f"{arms[arm]['peak_rss_gb']:.2f} GB, first loss {arms[arm]['first_loss']:.6f}", flush=True)
